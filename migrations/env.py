@@ -1,0 +1,56 @@
+"""Alembic environment: the URL comes from taskhook's settings, never from a file.
+
+Tests and tools may hand in a ready connection as ``config.attributes["connection"]``.
+"""
+
+from alembic import context
+from sqlalchemy import Connection
+
+from models.db import make_engine
+from models.settings import Settings
+from models.tables import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _configure_and_run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        compare_type=True,
+        # SQLite cannot ALTER most things in place; batch mode rebuilds tables.
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=Settings().database_url,
+        target_metadata=target_metadata,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    given = config.attributes.get("connection")
+    if given is not None:
+        _configure_and_run(given)
+        return
+    engine = make_engine(Settings().database_url)
+    try:
+        with engine.connect() as connection:
+            _configure_and_run(connection)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -1,0 +1,65 @@
+"""Engines and sessions, built from settings when a process starts, never at import.
+
+The FastAPI lifespan and Celery's ``worker_process_init`` call
+:func:`make_engine`; tests build their own engines against throwaway databases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.settings import Settings
+
+
+def make_engine(url: str, *, settings: Settings | None = None) -> Engine:
+    """An engine for ``url``, tuned for the dialect it names.
+
+    SQLite gets WAL (readers never wait for the writer), a busy timeout (two
+    writers queue instead of failing) and enforced foreign keys (so deleting a
+    task deletes its source link, as on PostgreSQL). The parent directory of a
+    SQLite file is created, so the default ``./var/taskhook.db`` just works.
+    """
+    settings = settings or Settings()
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout_ms)}")
+        cursor.close()
+
+    return engine
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    # expire_on_commit=False: the create sequence commits twice (insert, then
+    # settle) and hands the task back to its caller after the last commit.
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """A unit of work: commits when the block ends normally, rolls back otherwise."""
+    session = sessions()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,445 @@
+"""The task service: create-if-absent by external id, lookup, archive, delete, release.
+
+``create_task`` follows the create sequence of seed 000 step by step, and its
+steps carry the seed's numbers. Two of its steps commit, because the contract
+needs them durable before the next begins: the insert (step 5, after which the
+identity is held, unsettled, for everyone to see) and the settlement (step 7).
+Every other function here leaves the commit to the caller's unit of work.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from models.access import Caller
+from models.errors import (
+    InvalidRelease,
+    InvalidTask,
+    TaskNotFound,
+    WipLimitReached,
+    WorkspaceMisconfigured,
+    WorkspaceNotAccessible,
+)
+from models.external_id import InvalidExternalId, normalize_external_id
+from models.integrity import violated_unique_index
+from models.tables import (
+    EXTERNAL_ID_INDEX,
+    Base,
+    IdentityRelease,
+    Task,
+    TaskSource,
+    WorkflowStep,
+    Workspace,
+    utcnow,
+)
+
+MAX_TITLE_LENGTH = 500
+
+
+class CreateOutcome(enum.Enum):
+    CREATED = "created"
+    FOUND_SETTLED = "found_settled"
+    FOUND_UNSETTLED = "found_unsettled"
+    CREATED_IDENTITY_LOST = "created_identity_lost"
+
+    @property
+    def deduplicated(self) -> bool:
+        """True when the task already existed and this call created nothing."""
+        return self in (CreateOutcome.FOUND_SETTLED, CreateOutcome.FOUND_UNSETTLED)
+
+    @property
+    def creation_complete(self) -> bool:
+        """False only for FOUND_UNSETTLED: the claiming create had not finished its
+        required synchronous setup when observed (it may still be running)."""
+        return self is not CreateOutcome.FOUND_UNSETTLED
+
+
+@dataclass(frozen=True)
+class CreateTaskResult:
+    task: Task
+    outcome: CreateOutcome
+
+    @property
+    def external_id(self) -> str | None:
+        """The identity the task holds now: absent for CREATED_IDENTITY_LOST."""
+        return self.task.external_id
+
+
+@dataclass(frozen=True)
+class SourceLink:
+    """The GitHub or Jira item a task comes from."""
+
+    provider: str
+    url: str
+    remote_key: str
+
+
+@dataclass(frozen=True)
+class NewTask:
+    title: str
+    description: str | None = None
+    #: The raw caller-supplied value; normalized by the service (step 2).
+    external_id: object = None
+    #: Written by the required synchronous post-create step (step 6).
+    source: SourceLink | None = None
+
+
+def _nothing(*_args: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class CreateHooks:
+    """Seams between the create sequence's transactions, for tests and fail points.
+
+    Each runs with no transaction open, so it may use other connections freely.
+    """
+
+    after_lookup: Callable[[], None] = field(default=_nothing)
+    after_insert: Callable[[Task], None] = field(default=_nothing)
+
+
+NO_HOOKS = CreateHooks()
+
+Dispatch = Callable[[Task], None]
+
+
+def create_task(
+    *,
+    session: Session,
+    caller: Caller,
+    workspace_id: int,
+    new: NewTask,
+    dispatch: Dispatch | None = None,
+    hooks: CreateHooks = NO_HOOKS,
+) -> CreateTaskResult:
+    """Create the task unless a task in the workspace already holds its external id.
+
+    ``dispatch`` is the asynchronous step (8): it is called with the task only
+    after a successful settlement, never for a Found outcome and never when the
+    identity was lost. Raises :class:`WorkspaceNotAccessible`,
+    :class:`InvalidExternalId`, :class:`InvalidTask`, :class:`WipLimitReached`,
+    or :class:`TaskNotFound` when the new task was deleted before it settled.
+    """
+    # 1. authorize workspace -- first, so an unauthorized caller learns nothing
+    #    about which identities exist there.
+    workspace = _authorized_workspace(session, caller, workspace_id)
+    # 2. validate + normalize external_id -- before the lookup, so a malformed
+    #    value is an error rather than an accidental lookup.
+    external_id = normalize_external_id(new.external_id)
+
+    while True:
+        # 3. LOOKUP before ANY write or allocation: resolving Found after the
+        #    identifier allocation would burn a sequence number, and after WIP
+        #    admission would turn a retry into a capacity error.
+        if external_id is not None:
+            holder = _holder_of(session, workspace.id, external_id)
+            if holder is not None:
+                return _found(holder)
+        hooks.after_lookup()
+
+        task = _insert_new_task(session, workspace, new, external_id)
+        if isinstance(task, CreateTaskResult):
+            return task  # the TOCTOU backstop found the winner of the race
+        if task is not None:
+            break
+        # The index said another task held the identity, but it was gone by
+        # the time we re-read it (deleted or released): the identity is free
+        # again, so the create starts over from the lookup.
+
+    hooks.after_insert(task)
+    return complete_creation(session=session, task=task, source=new.source, dispatch=dispatch)
+
+
+def complete_creation(
+    *,
+    session: Session,
+    task: Task,
+    source: SourceLink | None,
+    dispatch: Dispatch | None = None,
+) -> CreateTaskResult:
+    """Steps 6-8 for a task whose row is committed: post-create work, settle, dispatch.
+
+    Every step is idempotent, so the create that inserted the task -- and only
+    that create, e.g. a redelivery of the same webhook delivery -- may call this
+    again to finish what a crash interrupted. It never touches another
+    caller's task.
+    """
+    # Read before anything can roll back: a rollback expires the instance.
+    task_id, external_id = task.id, task.external_id
+    try:
+        # 6. required synchronous post-create work
+        if source is not None:
+            record_task_source(session=session, task_id=task_id, source=source)
+        if external_id is None:
+            session.commit()
+            settled = True
+        else:
+            # 7. SETTLE
+            settled = _settle(session, task, external_id)
+            session.commit()
+    except IntegrityError:
+        session.rollback()
+        if _current(session, task_id) is None:
+            raise TaskNotFound() from None  # deleted before its source link landed
+        raise
+
+    if settled:
+        # 8. asynchronous dispatch -- only after settlement succeeded
+        if dispatch is not None:
+            dispatch(task)
+        return CreateTaskResult(task, CreateOutcome.CREATED)
+
+    # Zero rows: the task was deleted or its identity released while this
+    # create ran. A benign race, not an error; never dispatch from here.
+    current = _current(session, task_id)
+    session.commit()
+    if current is None:
+        raise TaskNotFound()
+    if current.external_id == external_id and current.external_id_settled_at is not None:
+        # A concurrent completion of this same create settled it first (and
+        # dispatched); the task is ours and done.
+        return CreateTaskResult(current, CreateOutcome.CREATED)
+    return CreateTaskResult(current, CreateOutcome.CREATED_IDENTITY_LOST)
+
+
+def _insert_new_task(
+    session: Session, workspace: Workspace, new: NewTask, external_id: str | None
+) -> Task | CreateTaskResult | None:
+    """Steps 4-5. The new task, a Found result from the backstop, or None when
+    the identity was freed again while we looked (the caller starts over)."""
+    try:
+        # 4. required create-time validation
+        title, description = _validated_title_and_description(new)
+        # 5. identifier allocation, WIP admission, task-row insert: one transaction.
+        #    The sequence UPDATE locks the workspace row, which also serializes
+        #    the WIP count below against concurrent creates.
+        identifier = _allocate_identifier(session, workspace)
+        step = _admit_to_intake_step(session, workspace)
+    except Exception:
+        session.rollback()
+        # After a step-3 miss, a pre-insert failure (a full WIP step above
+        # all) may hide a create that won the race: re-read before failing.
+        holder = _holder_of(session, workspace.id, external_id) if external_id else None
+        if holder is not None:
+            return _found(holder)
+        raise
+
+    task = Task(
+        workspace_id=workspace.id,
+        identifier=identifier,
+        title=title,
+        description=description,
+        step_id=step.id,
+        external_id=external_id,
+    )
+    session.add(task)
+    try:
+        session.flush()
+        session.commit()
+    except IntegrityError as error:
+        session.rollback()
+        if external_id is None or violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX:
+            raise
+        # The backstop for the narrow race between the lookup and the insert.
+        holder = _holder_of(session, workspace.id, external_id)
+        return _found(holder) if holder is not None else None
+    return task
+
+
+def _validated_title_and_description(new: NewTask) -> tuple[str, str | None]:
+    title = new.title.strip() if isinstance(new.title, str) else ""
+    if not title:
+        raise InvalidTask("title is required")
+    if len(title) > MAX_TITLE_LENGTH:
+        raise InvalidTask(f"title must be at most {MAX_TITLE_LENGTH} characters")
+    if new.description is not None and not isinstance(new.description, str):
+        raise InvalidTask("description must be text")
+    return title, new.description
+
+
+def _allocate_identifier(session: Session, workspace: Workspace) -> str:
+    number = session.execute(
+        update(Workspace)
+        .where(Workspace.id == workspace.id)
+        .values(task_sequence=Workspace.task_sequence + 1)
+        .returning(Workspace.task_sequence)
+    ).scalar_one()
+    return f"{workspace.task_prefix}-{number}"
+
+
+def intake_step(session: Session, workspace_id: int) -> WorkflowStep:
+    """Where new tasks land: the workspace's step with the lowest position."""
+    step = session.scalars(
+        select(WorkflowStep)
+        .where(WorkflowStep.workspace_id == workspace_id)
+        .order_by(WorkflowStep.position)
+        .limit(1)
+    ).first()
+    if step is None:
+        raise WorkspaceMisconfigured(f"workspace {workspace_id} has no workflow steps")
+    return step
+
+
+def _admit_to_intake_step(session: Session, workspace: Workspace) -> WorkflowStep:
+    step = intake_step(session, workspace.id)
+    if step.wip_limit is not None:
+        in_progress = session.scalar(
+            select(func.count())
+            .select_from(Task)
+            .where(Task.step_id == step.id, Task.archived_at.is_(None))
+        )
+        if in_progress >= step.wip_limit:
+            raise WipLimitReached(step.name, step.wip_limit)
+    return step
+
+
+def _settle(session: Session, task: Task, external_id: str) -> bool:
+    settled_at = utcnow()
+    # external_id in the predicate is required, not defensive: release sets
+    # both columns to NULL, and a predicate on id and settled_at alone would
+    # stamp a settlement onto a task that no longer holds any identity.
+    rows = session.execute(
+        update(Task)
+        .where(
+            Task.id == task.id,
+            Task.external_id == external_id,
+            Task.external_id_settled_at.is_(None),
+        )
+        .values(external_id_settled_at=settled_at)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if rows == 1:
+        task.external_id_settled_at = settled_at
+        return True
+    return False
+
+
+def record_task_source(*, session: Session, task_id: int, source: SourceLink) -> None:
+    """Link the task to the item it came from; a second write for the task is a no-op."""
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    session.execute(
+        insert(TaskSource)
+        .values(
+            task_id=task_id,
+            provider=source.provider,
+            url=source.url,
+            remote_key=source.remote_key,
+            created_at=utcnow(),
+        )
+        .on_conflict_do_nothing(index_elements=[TaskSource.task_id])
+    )
+
+
+def _found(holder: Task) -> CreateTaskResult:
+    # Found outcomes run no post-create work and dispatch nothing.
+    settled = holder.external_id_settled_at is not None
+    return CreateTaskResult(
+        holder, CreateOutcome.FOUND_SETTLED if settled else CreateOutcome.FOUND_UNSETTLED
+    )
+
+
+def _authorized_workspace(session: Session, caller: Caller, workspace_id: int) -> Workspace:
+    workspace = session.get(Workspace, workspace_id) if caller.may_access(workspace_id) else None
+    if workspace is None:
+        raise WorkspaceNotAccessible(workspace_id)
+    return workspace
+
+
+def _current(session: Session, task_id: int) -> Task | None:
+    """The task as the database has it now, or None if its row is gone."""
+    return session.scalars(
+        select(Task).where(Task.id == task_id).execution_options(populate_existing=True)
+    ).one_or_none()
+
+
+def _holder_of(session: Session, workspace_id: int, external_id: str) -> Task | None:
+    return session.scalars(
+        select(Task)
+        .where(Task.workspace_id == workspace_id, Task.external_id == external_id)
+        .execution_options(populate_existing=True)
+    ).one_or_none()
+
+
+def _required_external_id(raw: object) -> str:
+    external_id = normalize_external_id(raw)
+    if external_id is None:
+        raise InvalidExternalId("external_id is required")
+    return external_id
+
+
+def find_task_by_external_id(
+    *, session: Session, caller: Caller, workspace_id: int, external_id: object
+) -> Task | None:
+    """The task holding ``external_id`` in the workspace (archived and unsettled
+    ones included), or None. Read-only. Authorizes, then validates, then looks."""
+    _authorized_workspace(session, caller, workspace_id)
+    return _holder_of(session, workspace_id, _required_external_id(external_id))
+
+
+def get_task(*, session: Session, caller: Caller, task_id: int) -> Task:
+    """The task, if the caller may see its workspace; otherwise TaskNotFound."""
+    task = session.get(Task, task_id)
+    if task is None or not caller.may_access(task.workspace_id):
+        raise TaskNotFound()
+    return task
+
+
+def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
+    """Archive the task. It keeps its external id: a retry still finds it."""
+    task = get_task(session=session, caller=caller, task_id=task_id)
+    if task.archived_at is None:
+        task.archived_at = task.updated_at = utcnow()
+        session.flush()
+    return task
+
+
+def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
+    """Delete the task; its external id goes with the row and is free again."""
+    task = get_task(session=session, caller=caller, task_id=task_id)
+    session.delete(task)
+    session.flush()
+
+
+def release_external_id(
+    *, session: Session, workspace_id: int, external_id: object, operator: str, reason: str
+) -> IdentityRelease:
+    """Free an identity without deleting its task: an operator's decision, audited.
+
+    Sets ``external_id`` and ``external_id_settled_at`` to NULL on the holder,
+    writes the audit row, and changes nothing else. Raises
+    :class:`InvalidExternalId`, :class:`InvalidRelease` (no operator or reason),
+    or :class:`TaskNotFound` when no task holds the identity.
+    """
+    normalized = _required_external_id(external_id)
+    operator, reason = (operator or "").strip(), (reason or "").strip()
+    if not operator:
+        raise InvalidRelease("a release must name its operator")
+    if not reason:
+        raise InvalidRelease("a release must give a reason")
+    task_id = session.execute(
+        update(Task)
+        .where(Task.workspace_id == workspace_id, Task.external_id == normalized)
+        .values(external_id=None, external_id_settled_at=None)
+        .returning(Task.id)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    if task_id is None:
+        raise TaskNotFound()
+    audit = IdentityRelease(
+        workspace_id=workspace_id,
+        external_id=normalized,
+        task_id=task_id,
+        operator=operator,
+        reason=reason,
+    )
+    session.add(audit)
+    session.flush()
+    return audit

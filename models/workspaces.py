@@ -1,0 +1,72 @@
+"""Workspaces and their workflow steps."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.errors import TaskStoreError
+from models.tables import WorkflowStep, Workspace
+
+_SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
+_PREFIX = re.compile(r"^[A-Z][A-Z0-9]{0,15}$")
+
+
+class InvalidWorkspace(TaskStoreError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    wip_limit: int | None = None
+
+
+DEFAULT_STEPS = (StepSpec("Inbox"), StepSpec("In progress"), StepSpec("Done"))
+
+
+def create_workspace(
+    *,
+    session: Session,
+    slug: str,
+    name: str,
+    task_prefix: str,
+    steps: Sequence[StepSpec] = DEFAULT_STEPS,
+) -> Workspace:
+    """A new workspace with its workflow; the first step is the intake step."""
+    if not _SLUG.match(slug):
+        raise InvalidWorkspace(
+            f"slug {slug!r} must be lowercase letters, digits and dashes (at most 64)"
+        )
+    if not _PREFIX.match(task_prefix):
+        raise InvalidWorkspace(
+            f"task prefix {task_prefix!r} must be an uppercase letter then up to 15 "
+            "uppercase letters or digits"
+        )
+    if not name.strip():
+        raise InvalidWorkspace("a workspace needs a name")
+    if not steps:
+        raise InvalidWorkspace("a workspace needs at least one workflow step")
+    if any(step.wip_limit is not None and step.wip_limit < 0 for step in steps):
+        raise InvalidWorkspace("a WIP limit cannot be negative")
+    if session.scalar(select(Workspace.id).where(Workspace.slug == slug)) is not None:
+        raise InvalidWorkspace(f"a workspace with slug {slug!r} already exists")
+
+    workspace = Workspace(slug=slug, name=name.strip(), task_prefix=task_prefix)
+    session.add(workspace)
+    session.flush()
+    for position, step in enumerate(steps):
+        session.add(
+            WorkflowStep(
+                workspace_id=workspace.id,
+                name=step.name,
+                position=position,
+                wip_limit=step.wip_limit,
+            )
+        )
+    session.flush()
+    return workspace
