@@ -4,6 +4,7 @@ a test proves the migrations and these declarations agree on both databases."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import ClassVar
 
 from sqlalchemy import (
     DateTime,
@@ -67,11 +68,12 @@ ExternalIdText = Text().with_variant(Text(collation="C"), "postgresql")
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime()}
+    type_annotation_map: ClassVar = {datetime: UTCDateTime()}
 
 
 class Workspace(Base):
     __tablename__ = "workspaces"
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     slug: Mapped[str] = mapped_column(String(64), unique=True)
@@ -108,6 +110,8 @@ class Task(Base):
             sqlite_where=text("external_id IS NOT NULL"),
         ),
         Index("ix_tasks_step_id", "step_id"),
+        # Never reuse a deleted task's id: clients and the audit trail keep ids.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

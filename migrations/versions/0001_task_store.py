@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("created_at", TIMESTAMP, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_workspaces"),
         sa.UniqueConstraint("slug", name="uniq_workspaces_slug"),
+        sqlite_autoincrement=True,
     )
     op.create_table(
         "workflow_steps",
@@ -81,6 +82,8 @@ def upgrade() -> None:
         sa.UniqueConstraint(
             "workspace_id", "identifier", name="uniq_tasks_workspace_id_identifier"
         ),
+        # SQLite would otherwise hand a deleted task's id to the next task.
+        sqlite_autoincrement=True,
     )
     op.create_index("ix_tasks_step_id", "tasks", ["step_id"])
     # The identity claim itself. Its name is load-bearing: the create sequence

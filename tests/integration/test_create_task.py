@@ -17,6 +17,7 @@ from models.errors import (
 from models.external_id import ExternalIdHasControlCharacter
 from models.tables import Task, TaskSource
 from models.tasks import (
+    NO_HOOKS,
     CreateHooks,
     CreateOutcome,
     NewTask,
@@ -47,7 +48,7 @@ def create(
     title="Fix the login page",
     source=JIRA,
     dispatch=None,
-    hooks=CreateHooks(),
+    hooks=NO_HOOKS,
     caller=TRUSTED,
 ):
     with store.sessions() as session:

@@ -1,0 +1,119 @@
+"""Alembic is the only way the schema changes: upgrading an empty database to
+head gives exactly the models' schema, and downgrading to base undoes it, on
+both databases."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, inspect, text
+from sqlalchemy.engine import make_url
+
+from migrations import alembic_config, upgrade_to_head
+from models.db import make_engine
+from models.tables import EXTERNAL_ID_INDEX, Base
+from tests.conftest import POSTGRES_ADMIN_URL, Store, _libpq
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def empty_engine(request: pytest.FixtureRequest, tmp_path) -> Iterator[Engine]:
+    """An engine on a database with nothing in it."""
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+        yield engine
+        engine.dispose()
+        return
+    name = f"taskhook_migrate_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    engine = make_engine(make_url(POSTGRES_ADMIN_URL).set(database=name))
+    yield engine
+    engine.dispose()
+    with psycopg.connect(_libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def schema_diff(engine: Engine) -> list:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return compare_metadata(context, Base.metadata)
+
+
+def tables_of(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def test_upgrade_from_empty_matches_the_models_exactly(empty_engine: Engine):
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+
+    assert schema_diff(empty_engine) == []
+    assert tables_of(empty_engine) == set(Base.metadata.tables) | {"alembic_version"}
+
+
+def test_the_identity_index_is_partial_unique_and_named(empty_engine: Engine):
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+
+    (index,) = [
+        ix for ix in inspect(empty_engine).get_indexes("tasks") if ix["name"] == EXTERNAL_ID_INDEX
+    ]
+    assert index["unique"]
+    assert index["column_names"] == ["workspace_id", "external_id"]
+    where = index["dialect_options"].get(f"{empty_engine.dialect.name}_where")
+    assert "external_id IS NOT NULL" in str(where)
+
+
+def test_downgrade_to_base_removes_everything_and_upgrade_works_again(empty_engine: Engine):
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+    with empty_engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "base")
+
+    assert tables_of(empty_engine) <= {"alembic_version"}
+
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+    assert schema_diff(empty_engine) == []
+
+
+@pytest.mark.postgres
+def test_postgres_external_id_columns_use_the_c_collation(postgres_store: Store):
+    with postgres_store.engine.connect() as connection:
+        collations = dict(
+            connection.execute(
+                text(
+                    "SELECT table_name || '.' || column_name, collation_name "
+                    "FROM information_schema.columns "
+                    "WHERE table_schema = 'public' AND column_name = 'external_id'"
+                )
+            ).all()
+        )
+    assert collations == {"tasks.external_id": "C", "identity_releases.external_id": "C"}
+
+
+@pytest.mark.postgres
+def test_postgres_lookup_by_identity_can_use_the_partial_index(postgres_store: Store):
+    with postgres_store.engine.begin() as connection:
+        connection.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = "\n".join(
+            connection.execute(
+                text("EXPLAIN SELECT id FROM tasks WHERE workspace_id = :w AND external_id = :e"),
+                {"w": 1, "e": "jira:PROJ-1"},
+            ).scalars()
+        )
+    assert EXTERNAL_ID_INDEX in plan
+
+
+def test_sqlite_never_reuses_a_task_id(store: Store):
+    if store.dialect != "sqlite":
+        assert store.scalar("SELECT pg_get_serial_sequence('tasks', 'id')") is not None
+        return
+    sql = store.scalar("SELECT sql FROM sqlite_master WHERE name = 'tasks'")
+    assert "AUTOINCREMENT" in sql
