@@ -17,18 +17,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.settings import Settings
 
 
-def make_engine(url: str, *, settings: Settings | None = None) -> Engine:
+def make_engine(url: str, *, settings: Settings | None = None, **options: object) -> Engine:
     """An engine for ``url``, tuned for the dialect it names.
 
     SQLite gets WAL (readers never wait for the writer), a busy timeout (two
     writers queue instead of failing) and enforced foreign keys (so deleting a
     task deletes its source link, as on PostgreSQL). The parent directory of a
     SQLite file is created, so the default ``./var/taskhook.db`` just works.
+    ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say).
     """
     settings = settings or Settings()
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, **options)
 
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,53 @@
+# Shared by scripts/run and scripts/test: a virtualenv that matches pyproject.toml,
+# and the local services the tests talk to. Sourced, not run.
+
+PYTHON=${PYTHON:-python3.11}
+VENV=${TASKHOOK_VENV:-.venv}
+
+# ensure_venv EXTRAS: create .venv if needed and (re)install the project when
+# pyproject.toml or the wanted extras changed since the last install.
+ensure_venv() {
+    local extras=$1
+    local stamp="$VENV/.taskhook-installed"
+    local want
+    want="$(sha256sum pyproject.toml | cut -d' ' -f1) [$extras]"
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "==> creating $VENV with $($PYTHON --version)"
+        "$PYTHON" -m venv "$VENV"
+        "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    fi
+    if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
+        echo "==> installing taskhook${extras:+[$extras]} into $VENV"
+        "$VENV/bin/python" -m pip install --quiet -e ".${extras:+[$extras]}"
+        echo "$want" >"$stamp"
+    fi
+}
+
+# wait_for DESCRIPTION COMMAND...: retry COMMAND for up to 30 s.
+wait_for() {
+    local what=$1
+    shift
+    for _ in $(seq 60); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    echo "!! $what did not come up" >&2
+    return 1
+}
+
+# Start PostgreSQL and Redis when they are installed here but stopped. A
+# service that is not installed is left to the tests, which fail loudly.
+start_local_services() {
+    if command -v pg_isready >/dev/null && ! pg_isready -q -h 127.0.0.1 -p 5432; then
+        if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
+            echo "==> starting PostgreSQL"
+            pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+            wait_for PostgreSQL pg_isready -q -h 127.0.0.1 -p 5432
+        fi
+    fi
+    if command -v redis-server >/dev/null && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+        echo "==> starting Redis"
+        redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+        wait_for Redis redis-cli -h 127.0.0.1 -p 6379 ping
+    fi
+}
