@@ -18,7 +18,9 @@ ensure_venv() {
     fi
     if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
         echo "==> installing taskhook${extras:+[$extras]} into $VENV"
-        "$VENV/bin/python" -m pip install --quiet -e ".${extras:+[$extras]}"
+        # pip's and setuptools' chatter goes to a log, shown only when it fails.
+        "$VENV/bin/python" -m pip install --quiet -e ".${extras:+[$extras]}" >"$VENV/pip.log" 2>&1 ||
+            { cat "$VENV/pip.log" >&2; return 1; }
         echo "$want" >"$stamp"
     fi
 }

@@ -134,3 +134,17 @@ def postgres_store(postgres_url: str) -> Iterator[Store]:
     finally:
         _empty_postgres(engine)
         engine.dispose()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say plainly how many tests ran against the real PostgreSQL."""
+    ran = [
+        report
+        for status in ("passed", "failed", "error")
+        for report in terminalreporter.stats.get(status, [])
+        if getattr(report, "when", "call") == "call" and "postgres" in report.keywords
+    ]
+    passed = sum(1 for report in ran if report.passed)
+    terminalreporter.write_line(
+        f"PostgreSQL ({POSTGRES_ADMIN_URL}): {len(ran)} tests ran, {passed} passed"
+    )
