@@ -1,29 +1,119 @@
 """taskhook's one settings class: every knob is a ``TASKHOOK_``-prefixed variable.
 
-The defaults give the embedded setup (a SQLite file under ``./var/``), so a
-fresh checkout runs with nothing configured.
+The defaults give the embedded setup -- a SQLite file and a broker in files
+under ``./var/``, no servers -- so a fresh checkout runs with nothing set.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TASKHOOK_", extra="ignore")
 
+    # --- stores ---------------------------------------------------------------------
     database_url: str = Field(
         default="sqlite:///./var/taskhook.db",
         description="SQLAlchemy URL of the task store: sqlite:///... or postgresql+psycopg://...",
     )
     sqlite_busy_timeout_ms: int = Field(
-        default=5000,
-        ge=0,
-        description="How long a SQLite writer waits for the lock before giving up.",
+        default=5000, ge=0, description="How long a SQLite writer waits for the lock."
     )
+    broker_url: str = Field(
+        default="filesystem://",
+        description="Celery broker: filesystem:// (embedded, files under var/broker), "
+        "redis://host:6379/0, or amqp://...",
+    )
+    broker_folder: Path = Field(
+        default=Path("var/broker"), description="Where the filesystem:// broker keeps messages."
+    )
+
+    # --- ingress --------------------------------------------------------------------
+    public_url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Where GitHub and Jira reach the ingress; used to print webhook URLs.",
+    )
+    max_body_bytes: int = Field(
+        default=25 * 1024 * 1024, gt=0, description="Largest delivery accepted (GitHub's cap)."
+    )
+    enqueue_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How long the ingress waits for the broker before answering anyway "
+        "(the row is durable; the sweeper enqueues it later).",
+    )
+
+    # --- worker ---------------------------------------------------------------------
+    task_time_limit_seconds: int = Field(default=60, gt=0)
+    lease_seconds: int = Field(
+        default=90,
+        gt=0,
+        description="How long a worker owns a delivery; above the task time limit, so a "
+        "live worker never loses its lease.",
+    )
+    visibility_timeout_seconds: int = Field(
+        default=3600,
+        gt=0,
+        description="Redis: when an unacknowledged message is handed out again; above "
+        "the task time limit.",
+    )
+    retry_base_seconds: float = Field(default=1.0, gt=0)
+    retry_max_seconds: float = Field(default=300.0, gt=0)
+    unsettled_max_retries: int = Field(
+        default=8,
+        ge=0,
+        description="Retries while another delivery's create is unfinished, before the "
+        "delivery is parked as needs_operator.",
+    )
+    database_max_retries: int = Field(
+        default=10, ge=0, description="Retries on database errors before a delivery is dead."
+    )
+    sweep_interval_seconds: float = Field(default=30.0, gt=0)
+    queued_grace_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How old a queued delivery must be before the sweeper enqueues it again.",
+    )
+
+    @model_validator(mode="after")
+    def _lease_outlives_the_task(self) -> Settings:
+        if self.lease_seconds <= self.task_time_limit_seconds:
+            raise ValueError("TASKHOOK_LEASE_SECONDS must exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS")
+        if self.visibility_timeout_seconds <= self.task_time_limit_seconds:
+            raise ValueError(
+                "TASKHOOK_VISIBILITY_TIMEOUT_SECONDS must exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS"
+            )
+        return self
+
+    def broker_transport_options(self) -> dict[str, Any]:
+        """Transport options for the broker, shared by the worker and the ingress."""
+        if self.broker_url.startswith("filesystem://"):
+            queue = self.broker_folder / "queue"
+            processed = self.broker_folder / "processed"
+            for folder in (queue, processed):
+                folder.mkdir(parents=True, exist_ok=True)
+            return {
+                "data_folder_in": str(queue),
+                "data_folder_out": str(queue),
+                "processed_folder": str(processed),
+                "store_processed": False,
+                # kombu's default (1 s) drains about 2 messages/s here.
+                "polling_interval": 0.01,
+            }
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return {
+                "visibility_timeout": self.visibility_timeout_seconds,
+                # A frozen Redis must not hold a request or a worker forever.
+                "socket_timeout": self.enqueue_timeout_seconds,
+                "socket_connect_timeout": self.enqueue_timeout_seconds,
+            }
+        return {}
 
 
 @lru_cache(maxsize=1)

@@ -7,16 +7,20 @@ from datetime import UTC, datetime
 from typing import ClassVar
 
 from sqlalchemy import (
+    JSON,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
     TypeDecorator,
     UniqueConstraint,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -128,6 +132,9 @@ class Task(Base):
     # NULL while the create that claimed external_id has not finished its
     # required synchronous work (it may still be running, or it died).
     external_id_settled_at: Mapped[datetime | None]
+    #: The inbox delivery whose create inserted this task, if one did: only
+    #: that delivery may finish this task's create after a crash.
+    created_by_delivery: Mapped[int | None] = mapped_column(Integer)
 
 
 class TaskSource(Base):
@@ -163,3 +170,85 @@ class IdentityRelease(Base):
     operator: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str] = mapped_column(Text)
     released_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WebhookSource(Base):
+    """A stored connection from one GitHub or Jira webhook to one workspace.
+
+    Its ``slug`` is the last segment of the URL pasted into GitHub or Jira.
+    """
+
+    __tablename__ = "webhook_sources"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slug: Mapped[str] = mapped_column(String(64), unique=True)
+    provider: Mapped[str] = mapped_column(String(16))
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    #: The events (``issues.opened``, ``jira:issue_created``) that create tasks.
+    create_events: Mapped[list[str]] = mapped_column(JSON)
+    #: Jira only: the site links are built from (``https://acme.atlassian.net``).
+    site_url: Mapped[str | None] = mapped_column(Text)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SourceSecret(Base):
+    """A signing secret of a source. Any active one verifies, so secrets rotate
+    without downtime. HMAC needs the secret itself, so it is stored as given;
+    it never leaves the process in a log line, a listing or a response."""
+
+    __tablename__ = "source_secrets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_sources.id", ondelete="CASCADE"), index=True
+    )
+    secret: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    retired_at: Mapped[datetime | None]
+
+
+class Delivery(Base):
+    """The durable inbox: one row per (source, provider delivery id), body byte-exact.
+
+    ``body`` is bytes, not text or JSON: PostgreSQL text and jsonb reject
+    ``\\u0000``, and a signed body holding one must still be kept exactly.
+    """
+
+    __tablename__ = "deliveries"
+    __table_args__ = (
+        UniqueConstraint("source_id", "delivery_id"),
+        Index("ix_deliveries_status_updated_at", "status", "updated_at"),
+        Index("ix_deliveries_task_id", "task_id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source_id: Mapped[int] = mapped_column(ForeignKey("webhook_sources.id", ondelete="CASCADE"))
+    delivery_id: Mapped[str] = mapped_column(ExternalIdText)
+    hook_id: Mapped[str | None] = mapped_column(String(64))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    body_sha256: Mapped[str] = mapped_column(String(64))
+    content_type: Mapped[str | None] = mapped_column(String(200))
+    #: The adapter's event name (``issues.opened``), and GitHub's ``action`` alone.
+    event: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str | None] = mapped_column(String(100))
+    #: An allowlist of the delivery's headers; never a signature or credentials.
+    headers: Mapped[dict[str, str]] = mapped_column(JSON)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: queued -> processing -> done | ignored | needs_operator | dead
+    status: Mapped[str] = mapped_column(String(20))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    #: Processing attempts taken so far; also the fencing generation of the
+    #: current lease: a worker may write only while it holds the latest one.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    lease_expires_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    #: The create outcome (a CreateOutcome value) and the task it named.
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    #: Not a foreign key: the delivery's history outlives a deleted task.
+    task_id: Mapped[int | None] = mapped_column(Integer)
+    #: Redeliveries under this id whose body differed from the stored one.
+    payload_mismatches: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))

@@ -89,6 +89,8 @@ class NewTask:
     external_id: object = None
     #: Written by the required synchronous post-create step (step 6).
     source: SourceLink | None = None
+    #: The inbox delivery making this create, recorded on the task it inserts.
+    created_by_delivery: int | None = None
 
 
 def _nothing(*_args: object) -> None:
@@ -239,6 +241,7 @@ def _insert_new_task(
         description=description,
         step_id=step.id,
         external_id=external_id,
+        created_by_delivery=new.created_by_delivery,
     )
     session.add(task)
     try:

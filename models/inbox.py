@@ -1,0 +1,305 @@
+"""The durable inbox: every state change a delivery row goes through.
+
+    queued -> processing -> done | ignored | needs_operator | dead
+
+The ingress records a row (``record_delivery``) and commits it before it
+enqueues anything. A worker takes a lease on the row (``claim``) and may write
+the row only while that lease is the newest: every write after the claim is
+fenced by the attempt number the claim returned (the ownership-generation idea
+of seed 002), so a worker whose lease expired and was taken over cannot
+overwrite what the newer attempt recorded. The sweeper finds rows the broker
+lost or whose worker died (``sweepable``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from models.errors import TaskStoreError
+from models.tables import Delivery, utcnow
+
+
+class DeliveryStatus(enum.StrEnum):
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    DONE = "done"
+    IGNORED = "ignored"
+    NEEDS_OPERATOR = "needs_operator"
+    DEAD = "dead"
+
+
+FINISHED = frozenset(
+    {
+        DeliveryStatus.DONE,
+        DeliveryStatus.IGNORED,
+        DeliveryStatus.NEEDS_OPERATOR,
+        DeliveryStatus.DEAD,
+    }
+)
+#: Finished states an operator may send back through the worker.
+REPLAYABLE = frozenset({DeliveryStatus.NEEDS_OPERATOR, DeliveryStatus.DEAD})
+
+
+class DeliveryNotFound(TaskStoreError, LookupError):
+    def __init__(self, delivery_pk: int) -> None:
+        super().__init__(f"delivery {delivery_pk} not found")
+
+
+class NotReplayable(TaskStoreError):
+    pass
+
+
+@dataclass(frozen=True)
+class IncomingDelivery:
+    source_id: int
+    delivery_id: str
+    body: bytes
+    event: str
+    action: str | None
+    headers: Mapping[str, str]
+    content_type: str | None
+    hook_id: str | None = None
+    #: QUEUED for work, IGNORED for an event this source does not turn into a task.
+    status: DeliveryStatus = DeliveryStatus.QUEUED
+    status_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What ``record_delivery`` did: ``pk`` is the inbox row's key either way."""
+
+    pk: int
+    is_new: bool
+    status: DeliveryStatus
+    #: A redelivery under a stored id carried a different body (not processed again).
+    payload_mismatch: bool = False
+
+
+def record_delivery(*, session: Session, incoming: IncomingDelivery) -> Recorded:
+    """Store the delivery once per (source, delivery id). The caller commits.
+
+    A second delivery under a stored id is a duplicate and changes nothing but
+    the mismatch counter when its body differs.
+    """
+    now = utcnow()
+    digest = hashlib.sha256(incoming.body).hexdigest()
+    insert = _dialect_insert(session)
+    pk = session.execute(
+        insert(Delivery)
+        .values(
+            source_id=incoming.source_id,
+            delivery_id=incoming.delivery_id,
+            hook_id=incoming.hook_id,
+            body=incoming.body,
+            body_sha256=digest,
+            content_type=incoming.content_type,
+            event=incoming.event,
+            action=incoming.action,
+            headers=dict(incoming.headers),
+            received_at=now,
+            updated_at=now,
+            status=incoming.status.value,
+            status_reason=incoming.status_reason,
+            attempts=0,
+            payload_mismatches=0,
+        )
+        .on_conflict_do_nothing(index_elements=[Delivery.source_id, Delivery.delivery_id])
+        .returning(Delivery.id)
+    ).scalar_one_or_none()
+    if pk is not None:
+        return Recorded(pk=pk, is_new=True, status=incoming.status)
+
+    stored = session.execute(
+        select(Delivery.id, Delivery.body_sha256, Delivery.status).where(
+            Delivery.source_id == incoming.source_id,
+            Delivery.delivery_id == incoming.delivery_id,
+        )
+    ).one()
+    mismatch = stored.body_sha256 != digest
+    if mismatch:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == stored.id)
+            .values(payload_mismatches=Delivery.payload_mismatches + 1)
+        )
+    return Recorded(
+        pk=stored.id,
+        is_new=False,
+        status=DeliveryStatus(stored.status),
+        payload_mismatch=mismatch,
+    )
+
+
+def _dialect_insert(session: Session):
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+# --- the worker's side: leases and fenced writes --------------------------------
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right to work on one delivery, until it expires or a newer attempt claims."""
+
+    delivery_pk: int
+    attempt: int
+
+
+def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease | None:
+    """Take the delivery for processing, or None when it is finished or another
+    worker holds an unexpired lease. Each claim is a new attempt number."""
+    now = utcnow()
+    attempt = session.execute(
+        update(Delivery)
+        .where(
+            Delivery.id == delivery_pk,
+            or_(
+                Delivery.status == DeliveryStatus.QUEUED.value,
+                and_(
+                    Delivery.status == DeliveryStatus.PROCESSING.value,
+                    Delivery.lease_expires_at <= now,
+                ),
+            ),
+        )
+        .values(
+            status=DeliveryStatus.PROCESSING.value,
+            attempts=Delivery.attempts + 1,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            updated_at=now,
+        )
+        .returning(Delivery.attempts)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    return None if attempt is None else Lease(delivery_pk, attempt)
+
+
+def _fenced(lease: Lease):
+    return update(Delivery).where(
+        Delivery.id == lease.delivery_pk,
+        Delivery.attempts == lease.attempt,
+        Delivery.status == DeliveryStatus.PROCESSING.value,
+    )
+
+
+def finish(
+    *,
+    session: Session,
+    lease: Lease,
+    status: DeliveryStatus,
+    outcome: str | None = None,
+    task_id: int | None = None,
+    reason: str | None = None,
+    error: str | None = None,
+) -> bool:
+    """Record the delivery's final state. False when the lease was taken over
+    (a newer attempt owns the row now, and its record stands)."""
+    if status not in FINISHED:
+        raise ValueError(f"{status} is not a finished state")
+    values: dict[str, object] = {
+        "status": status.value,
+        "status_reason": reason,
+        "lease_expires_at": None,
+        "updated_at": utcnow(),
+    }
+    if outcome is not None:
+        values["outcome"] = outcome
+    if task_id is not None:
+        values["task_id"] = task_id
+    if error is not None:
+        values["last_error"] = error
+    rows = session.execute(
+        _fenced(lease).values(**values).execution_options(synchronize_session=False)
+    ).rowcount
+    return rows == 1
+
+
+def defer(*, session: Session, lease: Lease, until: datetime, error: str | None = None) -> bool:
+    """Keep the delivery in processing and hold it until ``until`` (a retry's
+    countdown): neither the sweeper nor another claim takes it before then."""
+    values: dict[str, object] = {"lease_expires_at": until, "updated_at": utcnow()}
+    if error is not None:
+        values["last_error"] = error
+    rows = session.execute(
+        _fenced(lease).values(**values).execution_options(synchronize_session=False)
+    ).rowcount
+    return rows == 1
+
+
+def note_outcome(*, session: Session, lease: Lease, outcome: str, task_id: int | None) -> bool:
+    """Record the create's outcome and task while the delivery is still processing."""
+    rows = session.execute(
+        _fenced(lease)
+        .values(outcome=outcome, task_id=task_id, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return rows == 1
+
+
+# --- the sweeper and the operator ---------------------------------------------------
+
+
+def sweepable(*, session: Session, queued_grace_seconds: float, limit: int = 500) -> Sequence[int]:
+    """Rows to hand to the broker again: ``queued`` ones older than the grace
+    period (their message was lost, or never sent because the broker was down)
+    and ``processing`` ones whose lease ran out (their worker died). Each is
+    stamped, so the next sweep waits another grace period for it."""
+    now = utcnow()
+    stale_queued = and_(
+        Delivery.status == DeliveryStatus.QUEUED.value,
+        Delivery.updated_at <= now - timedelta(seconds=queued_grace_seconds),
+    )
+    lease_expired = and_(
+        Delivery.status == DeliveryStatus.PROCESSING.value,
+        Delivery.lease_expires_at <= now,
+    )
+    pks = session.scalars(
+        select(Delivery.id)
+        .where(or_(stale_queued, lease_expired))
+        .order_by(Delivery.id)
+        .limit(limit)
+    ).all()
+    if pks:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id.in_(pks), Delivery.status == DeliveryStatus.QUEUED.value)
+            .values(updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    return pks
+
+
+def replay(*, session: Session, delivery_pk: int) -> Delivery:
+    """Send a parked (needs_operator) or dead delivery through the worker again."""
+    delivery = session.get(Delivery, delivery_pk)
+    if delivery is None:
+        raise DeliveryNotFound(delivery_pk)
+    if delivery.status not in REPLAYABLE:
+        raise NotReplayable(
+            f"delivery {delivery_pk} is {delivery.status}; only "
+            f"{' or '.join(sorted(REPLAYABLE))} deliveries can be replayed"
+        )
+    delivery.status = DeliveryStatus.QUEUED.value
+    delivery.status_reason = "replayed by an operator"
+    delivery.lease_expires_at = None
+    delivery.updated_at = utcnow()
+    session.flush()
+    return delivery
+
+
+def counts_by_status(*, session: Session) -> dict[str, int]:
+    rows = session.execute(select(Delivery.status, func.count()).group_by(Delivery.status)).all()
+    return {status.value: 0 for status in DeliveryStatus} | dict(rows)
+
+
+def oldest_queued_at(*, session: Session) -> datetime | None:
+    return session.scalar(
+        select(func.min(Delivery.received_at)).where(Delivery.status == DeliveryStatus.QUEUED.value)
+    )

@@ -1,0 +1,15 @@
+"""The names of the messages the ingress, the CLI and the worker exchange.
+
+They meet only through the broker, so the names live here, below all three.
+Messages carry keys, never payloads or ORM objects.
+"""
+
+DELIVERIES_QUEUE = "deliveries"
+OPERATOR_QUEUE = "operator"
+
+#: process_delivery(delivery_pk: int) on the deliveries queue.
+PROCESS_DELIVERY = "taskhook.process_delivery"
+#: sweep() from beat, on the deliveries queue.
+SWEEP = "taskhook.sweep"
+#: release_identity(workspace_id, external_id, operator, reason) on the operator queue.
+RELEASE_IDENTITY = "taskhook.release_identity"
