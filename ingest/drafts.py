@@ -1,0 +1,210 @@
+"""What every provider adapter produces, and the pieces they share.
+
+An adapter (``ingest.github``, ``ingest.jira``) turns one webhook delivery into
+a :class:`TaskDraft`: provider-neutral, I/O-free, and ready to become a
+:class:`models.tasks.NewTask`. The helpers here are the parts both providers
+do the same way -- HMAC-SHA256 signatures in ``sha256=<hex>`` form, header
+lookup without regard to case, strict JSON bodies -- and the errors an
+adapter raises for a body it cannot use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, ValidationError
+
+from models.tasks import MAX_TITLE_LENGTH, NewTask, SourceLink
+
+SIGNATURE_PREFIX = "sha256="
+
+#: How many pydantic errors an :class:`UnsupportedPayload` message names.
+_MAX_REPORTED_ERRORS = 3
+#: How much of a caller-supplied event name an error message repeats.
+_MAX_SHOWN_EVENT = 100
+
+
+class UnsupportedPayload(ValueError):
+    """The body is not the JSON object this adapter expects, or cannot become a task.
+
+    The message names the event or field at fault and never echoes payload
+    values, so it is safe to show the caller.
+    """
+
+
+class UnsupportedContentType(ValueError):
+    """The delivery's Content-Type is not one the provider sends (the ingress answers 415)."""
+
+
+@dataclass(frozen=True)
+class TaskDraft:
+    """A task as the provider describes it, before any workspace or store is involved."""
+
+    provider: str
+    title: str
+    description: str | None
+    url: str
+    remote_key: str
+    external_id: str
+
+    def new_task(self) -> NewTask:
+        return NewTask(
+            title=self.title,
+            description=self.description,
+            external_id=self.external_id,
+            source=SourceLink(provider=self.provider, url=self.url, remote_key=self.remote_key),
+        )
+
+
+def lookup_header(headers: Mapping[str, str], name: str) -> str | None:
+    """The value of header ``name``, whatever the case of the key in ``headers``.
+
+    Starlette's ``Headers`` already match without regard to case; a plain dict
+    (tests, replays from a log that lower-cased the names) does not.
+    """
+    value = headers.get(name)
+    if value is not None:
+        return value
+    wanted = name.lower()
+    for key, candidate in headers.items():
+        if key.lower() == wanted:
+            return candidate
+    return None
+
+
+def header_text(headers: Mapping[str, str], name: str) -> str | None:
+    """The header's value without surrounding white space; None when absent or blank."""
+    value = lookup_header(headers, name)
+    if value is None:
+        return None
+    return value.strip() or None
+
+
+def verify_hmac_sha256(body: bytes, header_value: str | None, secrets: Iterable[str]) -> bool:
+    """True when ``header_value`` is exactly ``sha256=`` + the hex HMAC-SHA256 of the
+    raw ``body`` keyed with one of ``secrets``.
+
+    Several secrets may be active at once so that a secret rotates without
+    downtime: add the new one, switch the provider over, drop the old one.
+    Empty secrets are skipped -- an empty key would make any sender's
+    signature "valid".
+    """
+    if isinstance(secrets, str):
+        # A bare string is an iterable of one-character "secrets": refuse it loudly.
+        raise TypeError("secrets must be an iterable of strings, not a single string")
+    if header_value is None or not header_value.isascii():
+        return False
+    presented = header_value.encode("ascii")
+    matches = [
+        hmac.compare_digest(presented, _signature_for(body, secret).encode("ascii"))
+        for secret in secrets
+        if secret
+    ]
+    # Every active secret is compared, matched or not, so the time taken does
+    # not tell which one (if any) matched.
+    return any(matches)
+
+
+def _signature_for(body: bytes, secret: str) -> str:
+    digest = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+    return SIGNATURE_PREFIX + digest
+
+
+def media_type(content_type: str | None) -> str | None:
+    """``application/json`` for ``application/json; charset=UTF-8``; None when absent."""
+    if content_type is None:
+        return None
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind or None
+
+
+def parse_json_object(data: bytes | str) -> dict[str, Any]:
+    """The JSON object in ``data``; :class:`UnsupportedPayload` for anything else.
+
+    Strict JSON: ``NaN`` and ``Infinity`` are not JSON and are refused, and so
+    is nesting too deep to parse.
+    """
+    try:
+        value = json.loads(data, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        raise UnsupportedPayload("body is not valid JSON") from error
+    if not isinstance(value, dict):
+        raise UnsupportedPayload(f"body must be a JSON object, not {_json_kind(value)}")
+    return value
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return "a number"
+
+
+def unsupported_because_invalid(event: str, error: ValidationError) -> UnsupportedPayload:
+    """An :class:`UnsupportedPayload` naming the fields that failed, never their values."""
+    problems = [
+        f"{'.'.join(str(part) for part in detail['loc']) or 'body'}: {detail['msg']}"
+        for detail in error.errors(include_input=False, include_url=False)
+    ]
+    shown = "; ".join(problems[:_MAX_REPORTED_ERRORS])
+    more = len(problems) - _MAX_REPORTED_ERRORS
+    if more > 0:
+        shown += f"; and {more} more"
+    return UnsupportedPayload(f"{event} payload does not have the expected shape ({shown})")
+
+
+def not_handled(event: str) -> UnsupportedPayload:
+    """An :class:`UnsupportedPayload` for an event the adapter does not turn into tasks."""
+    shown = event if len(event) <= _MAX_SHOWN_EVENT else event[:_MAX_SHOWN_EVENT] + "…"
+    return UnsupportedPayload(f"{shown!r} deliveries do not become tasks")
+
+
+def http_url(value: str) -> str:
+    """A pydantic after-validator: the value is an absolute http(s) URL.
+
+    Provider links end up clickable in front of people, so nothing else
+    (``javascript:``, relative paths) gets through.
+    """
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("must be an absolute http(s) URL")
+    return value
+
+
+HttpUrlText = Annotated[str, AfterValidator(http_url)]
+
+
+def draft_title(raw: str | None, fallback: str) -> str:
+    """The provider's title, stripped and cut to what the task store accepts.
+
+    A missing or blank title falls back to ``fallback`` (the remote key): a
+    task with a dull title beats a delivery that cannot become a task.
+    """
+    title = raw.strip() if isinstance(raw, str) else ""
+    if not title:
+        title = fallback.strip()
+    if len(title) > MAX_TITLE_LENGTH:
+        title = title[: MAX_TITLE_LENGTH - 1].rstrip() + "…"
+    return title
+
+
+def draft_description(raw: str | None) -> str | None:
+    """The description, or None when it is missing or only white space."""
+    if raw is None or not raw.strip():
+        return None
+    return raw

@@ -1,0 +1,255 @@
+"""Jira webhooks: how to verify a delivery, name its event and turn it into a TaskDraft.
+
+Provider documentation this module follows:
+
+- Webhooks, payloads and the ``webhookEvent`` names (Cloud):
+  https://developer.atlassian.com/cloud/jira/platform/webhooks/
+- Signatures: an admin webhook registered with a secret is signed with HMAC-SHA256 of the
+  raw body, sent as ``X-Hub-Signature: sha256=<hex>`` (the WebSub format; note: *not*
+  GitHub's ``X-Hub-Signature-256`` name):
+  https://developer.atlassian.com/cloud/jira/platform/webhooks/#secure-admin-webhooks
+- Retries and ``X-Atlassian-Webhook-Identifier`` / ``X-Atlassian-Webhook-Retry``:
+  https://developer.atlassian.com/cloud/jira/platform/webhooks/#retry-policy
+- Jira Server / Data Center webhooks: https://developer.atlassian.com/server/jira/platform/webhooks/
+- Atlassian Document Format, which a description may arrive in instead of wiki markup:
+  https://developer.atlassian.com/cloud/jira/platform/apis/document/structure/
+
+The event name is the body's ``webhookEvent`` (``jira:issue_created``,
+``comment_created``); Jira sends no event header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ingest.drafts import (
+    TaskDraft,
+    UnsupportedContentType,
+    UnsupportedPayload,
+    draft_description,
+    draft_title,
+    header_text,
+    lookup_header,
+    media_type,
+    not_handled,
+    parse_json_object,
+    unsupported_because_invalid,
+    verify_hmac_sha256,
+)
+
+PROVIDER = "jira"
+
+SIGNATURE_HEADER = "X-Hub-Signature"
+DELIVERY_HEADER = "X-Atlassian-Webhook-Identifier"
+#: Prefix of the delivery id derived from the body when Jira sends no identifier.
+BODY_HASH_PREFIX = "sha256:"
+
+JSON_CONTENT_TYPE = "application/json"
+
+DEFAULT_CREATE_EVENTS: frozenset[str] = frozenset({"jira:issue_created"})
+
+#: What :func:`to_draft` accepts.
+HANDLED_EVENTS: frozenset[str] = DEFAULT_CREATE_EVENTS
+
+#: Known events that are stored but never become tasks.
+IGNORED_EVENTS: frozenset[str] = frozenset(
+    {
+        "jira:issue_updated",
+        "jira:issue_deleted",
+        "comment_created",
+        "comment_updated",
+        "comment_deleted",
+        "attachment_created",
+        "attachment_deleted",
+        "issuelink_created",
+        "issuelink_deleted",
+        "worklog_created",
+        "worklog_updated",
+        "worklog_deleted",
+        "jira:worklog_updated",
+        "project_created",
+        "project_updated",
+        "project_deleted",
+        "jira:version_created",
+        "jira:version_updated",
+        "jira:version_released",
+        "jira:version_unreleased",
+        "jira:version_deleted",
+        "sprint_created",
+        "sprint_started",
+        "sprint_closed",
+        "sprint_updated",
+        "sprint_deleted",
+        "board_created",
+        "board_updated",
+        "board_deleted",
+        "board_configuration_changed",
+        "user_created",
+        "user_updated",
+        "user_deleted",
+    }
+)
+
+#: Issue keys are the project key (a letter, then letters, digits or "_"), a hyphen
+#: and the issue number. The key ends up in a URL path and in the external id.
+_ISSUE_KEY_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*-[0-9]+$"
+
+#: Nesting deeper than this in an ADF description is not rendered (nothing real nests so far).
+_MAX_ADF_DEPTH = 64
+#: ADF nodes whose children are inline and run together on one line.
+_ADF_INLINE_CONTAINERS = frozenset({"paragraph", "heading", "codeBlock"})
+#: Inline ADF nodes whose text lives in ``attrs.text`` (``@Name``, ``:smile:``).
+_ADF_ATTRS_TEXT_NODES = frozenset({"mention", "emoji"})
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class IssueFields(_Payload):
+    summary: str | None = None
+    #: Wiki markup (a string) or null in every captured payload; Atlassian Document
+    #: Format (an object) where a site sends REST v3 style bodies. See issue_description().
+    description: Any = None
+
+
+class Issue(_Payload):
+    key: str = Field(pattern=_ISSUE_KEY_PATTERN)
+    #: ``issue.self``: a REST API URL, never a link for people. Only used to derive
+    #: the site when none is configured.
+    api_url: str | None = Field(default=None, alias="self")
+    fields: IssueFields = Field(default_factory=IssueFields)
+
+
+class IssueEvent(_Payload):
+    """A ``jira:issue_*`` delivery."""
+
+    issue: Issue
+
+
+def verify_signature(body: bytes, headers: Mapping[str, str], secrets: Iterable[str]) -> bool:
+    """True when ``X-Hub-Signature`` is ``sha256=`` + the HMAC of the raw ``body``
+    with one of ``secrets``."""
+    return verify_hmac_sha256(body, lookup_header(headers, SIGNATURE_HEADER), secrets)
+
+
+def delivery_id(headers: Mapping[str, str], body: bytes) -> str:
+    """``X-Atlassian-Webhook-Identifier``, or ``sha256:<hex of body>`` without it.
+
+    The identifier (a decimal number in a string on Cloud) is the same on every
+    retry of a delivery. Jira Server / Data Center and older Cloud webhooks do
+    not send it, and a delivery without an id could not be deduplicated at all.
+    The body hash stands in for it: a redelivery carries the very same bytes,
+    while two different events differ at least in their millisecond
+    ``timestamp``, so equal hashes mean the same delivery. The ``sha256:``
+    prefix keeps these apart from real (numeric) identifiers.
+    """
+    identifier = header_text(headers, DELIVERY_HEADER)
+    if identifier is not None:
+        return identifier
+    return BODY_HASH_PREFIX + hashlib.sha256(body).hexdigest()
+
+
+def decode_body(content_type: str | None, body: bytes) -> dict[str, Any]:
+    """The JSON object of a delivery (Jira sends ``application/json; charset=UTF-8``).
+
+    Raises :class:`UnsupportedContentType` for any other content type and
+    :class:`UnsupportedPayload` for a body that is not a JSON object.
+    """
+    kind = media_type(content_type)
+    if kind != JSON_CONTENT_TYPE:
+        raise UnsupportedContentType(f"Jira deliveries must be {JSON_CONTENT_TYPE}")
+    return parse_json_object(body)
+
+
+def event_of(headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
+    """The body's ``webhookEvent``, e.g. ``jira:issue_created``; None when absent.
+
+    ``headers`` is unused (Jira names the event only in the body); it is accepted
+    so that every adapter has the same shape.
+    """
+    del headers
+    event = payload.get("webhookEvent")
+    if isinstance(event, str) and event.strip():
+        return event.strip()
+    return None
+
+
+def to_draft(event: str, payload: dict[str, Any], *, site: str | None = None) -> TaskDraft:
+    """The task an issue delivery describes, linked as ``<site>/browse/<key>``.
+
+    ``site`` is the Jira base URL from configuration (with its context path,
+    e.g. ``https://jira.example.com/jira``). Without it, the site is what
+    precedes ``/rest/`` in ``issue.self``. Raises :class:`UnsupportedPayload`
+    when ``event`` is not in :data:`HANDLED_EVENTS`, the payload lacks what the
+    draft needs, or no site is given and none can be derived.
+    """
+    if event not in HANDLED_EVENTS:
+        raise not_handled(event)
+    try:
+        issue = IssueEvent.model_validate(payload).issue
+    except ValidationError as error:
+        raise unsupported_because_invalid(event, error) from error
+    base = site.rstrip("/") if site else _site_from_api_url(issue.api_url)
+    return TaskDraft(
+        provider=PROVIDER,
+        title=draft_title(issue.fields.summary, fallback=issue.key),
+        description=issue_description(issue.fields.description),
+        url=f"{base}/browse/{issue.key}",
+        remote_key=issue.key,
+        external_id=f"jira:{issue.key}",
+    )
+
+
+def _site_from_api_url(api_url: str | None) -> str:
+    # issue.self is https://<site>[/<context path>]/rest/api/2/issue/<id> -- or, in
+    # some Cloud payloads, .../rest/api/2/<id>: only the part before /rest/ is reliable.
+    parts = urlsplit(api_url or "")
+    rest = parts.path.find("/rest/")
+    host = parts.netloc.rpartition("@")[2]  # never carry credentials into a link
+    if parts.scheme not in ("http", "https") or not host or rest < 0:
+        raise UnsupportedPayload(
+            "cannot derive the Jira site from issue.self; configure the site explicitly"
+        )
+    return f"{parts.scheme}://{host}{parts.path[:rest]}"
+
+
+def issue_description(raw: object) -> str | None:
+    """The description as text: wiki markup as sent, ADF flattened to plain text.
+
+    Anything else (a number, a list) is not a description Jira produces; it is
+    dropped rather than failing the whole delivery.
+    """
+    if isinstance(raw, str):
+        return draft_description(raw)
+    if isinstance(raw, dict) and raw.get("type") == "doc":
+        return draft_description(_adf_text(raw, depth=0))
+    return None
+
+
+def _adf_text(node: object, *, depth: int) -> str:
+    if depth > _MAX_ADF_DEPTH or not isinstance(node, dict):
+        return ""
+    kind = node.get("type")
+    if kind == "text":
+        text = node.get("text")
+        return text if isinstance(text, str) else ""
+    if kind == "hardBreak":
+        return "\n"
+    if kind in _ADF_ATTRS_TEXT_NODES:
+        attrs = node.get("attrs")
+        text = attrs.get("text") if isinstance(attrs, dict) else None
+        return text if isinstance(text, str) else ""
+    content = node.get("content")
+    if not isinstance(content, list):
+        return ""
+    parts = [_adf_text(child, depth=depth + 1) for child in content]
+    if kind in _ADF_INLINE_CONTAINERS:
+        return "".join(parts)
+    # Block containers (doc, lists, quotes, tables): one child per line.
+    return "\n".join(part for part in parts if part)
