@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         description="Celery broker: filesystem:// (embedded, files under var/broker), "
         "redis://host:6379/0, or amqp://...",
     )
+    result_backend_url: str | None = Field(
+        default=None,
+        description="Where operator tasks leave their results for the CLI; by default "
+        "the broker's Redis, or files under var/results for the embedded broker.",
+    )
     broker_folder: Path = Field(
         default=Path("var/broker"), description="Where the filesystem:// broker keeps messages."
     )
@@ -90,6 +95,18 @@ class Settings(BaseSettings):
                 "TASKHOOK_VISIBILITY_TIMEOUT_SECONDS must exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS"
             )
         return self
+
+    def result_backend(self) -> str:
+        """The Celery result backend: explicit, else one that matches the broker."""
+        if self.result_backend_url:
+            return self.result_backend_url
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        if self.broker_url.startswith("filesystem://"):
+            folder = (self.broker_folder.parent / "results").resolve()
+            folder.mkdir(parents=True, exist_ok=True)
+            return f"file://{folder}"
+        return "rpc://"
 
     def broker_transport_options(self) -> dict[str, Any]:
         """Transport options for the broker, shared by the worker and the ingress."""
