@@ -54,6 +54,16 @@ class Settings(BaseSettings):
         "(the row is durable; the sweeper enqueues it later).",
     )
 
+    source_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long the ingress reuses a source's secrets before reading them "
+        "again; a disabled source or a retired secret takes effect within this time.",
+    )
+    retry_after_seconds: int = Field(
+        default=5, ge=1, description="Retry-After of a 503 while the database is unreachable."
+    )
+
     # --- worker ---------------------------------------------------------------------
     task_time_limit_seconds: int = Field(default=60, gt=0)
     lease_seconds: int = Field(

@@ -1,0 +1,126 @@
+"""The ingress application: ``uvicorn ingest.app:app``.
+
+Nothing connects at import: the lifespan builds the engine, the sessions and
+the relay from settings when the server starts. Tests call :func:`create_app`
+with their own database and publisher.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from kombu import Connection
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from ingest import webhooks
+from ingest.metrics import IngressMetrics
+from ingest.relay import Publish, Relay, celery_publisher
+from ingest.runtime import Runtime, StoreUnavailable
+from models.db import make_engine, make_session_factory
+from models.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, publish: Publish | None = None) -> FastAPI:
+    """The ingress for ``settings`` (the environment's by default). ``publish``
+    replaces the Celery publisher (tests use it to see what would be enqueued)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        metrics = IngressMetrics()
+        relay = Relay(
+            publish or celery_publisher(settings),
+            on_dropped=metrics.relay_dropped.inc,
+            on_published=metrics.relay_published.inc,
+        )
+        app.state.runtime = Runtime(settings, make_session_factory(engine), relay, metrics)
+        relay.start()
+        try:
+            yield
+        finally:
+            relay.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="taskhook",
+        summary="GitHub and Jira webhooks in, tasks out: exactly once per external identity.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.include_router(webhooks.router)
+    _add_operational_routes(app)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        # Never a 500: whatever went wrong, nothing was half-stored (the store
+        # commits or rolls back as one), so the caller may simply retry.
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"error": "temporarily unavailable; retry later"},
+            status_code=503,
+            headers={"Retry-After": str(settings.retry_after_seconds)},
+        )
+
+    return app
+
+
+def _add_operational_routes(app: FastAPI) -> None:
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"])
+    async def readyz(request: Request) -> JSONResponse:
+        """The database and the broker are reachable."""
+        runtime: Runtime = request.app.state.runtime
+        checks = {
+            "database": await run_in_threadpool(_database_ready, runtime),
+            "broker": await run_in_threadpool(_broker_ready, runtime.settings),
+        }
+        ready = all(state == "ok" for state in checks.values())
+        return JSONResponse(
+            {"status": "ready" if ready else "not ready", "checks": checks},
+            status_code=200 if ready else 503,
+        )
+
+    @app.get("/metrics", tags=["operations"])
+    async def metrics(request: Request) -> Response:
+        """Prometheus text: deliveries by provider and result, ingress latency,
+        payload mismatches, rejected signatures, relay counters."""
+        runtime: Runtime = request.app.state.runtime
+        return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _database_ready(runtime: Runtime) -> str:
+    try:
+        with runtime.store_errors(), runtime.sessions() as session:
+            session.execute(text("SELECT 1"))
+    except StoreUnavailable as error:
+        return f"unavailable ({error})"
+    return "ok"
+
+
+def _broker_ready(settings: Settings) -> str:
+    try:
+        with Connection(
+            settings.broker_url,
+            transport_options=settings.broker_transport_options(),
+            connect_timeout=settings.enqueue_timeout_seconds,
+        ) as connection:
+            connection.ensure_connection(max_retries=1, timeout=settings.enqueue_timeout_seconds)
+    except Exception as error:  # any failure to connect means "not ready"
+        return f"unavailable ({error.__class__.__name__})"
+    return "ok"
+
+
+app = create_app()

@@ -1,0 +1,51 @@
+"""Prometheus metrics of the ingress, in a registry of the app's own (so two
+apps in one test process never share counters)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+@dataclass
+class IngressMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.deliveries = Counter(
+            "taskhook_deliveries",
+            "Webhook deliveries answered, by provider and result "
+            "(queued, duplicate, ignored, or the reason one was refused).",
+            ["provider", "result"],
+            registry=self.registry,
+        )
+        self.payload_mismatches = Counter(
+            "taskhook_payload_mismatches",
+            "Redeliveries under a stored delivery id whose body differed.",
+            ["provider"],
+            registry=self.registry,
+        )
+        self.rejected_signatures = Counter(
+            "taskhook_rejected_signatures",
+            "Deliveries refused because no active secret verified their signature.",
+            ["provider"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "taskhook_ingress_seconds",
+            "Time from request to answer on the webhook routes.",
+            ["provider"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=self.registry,
+        )
+        self.relay_published = Counter(
+            "taskhook_relay_published",
+            "Delivery keys handed to the broker by the relay.",
+            registry=self.registry,
+        )
+        self.relay_dropped = Counter(
+            "taskhook_relay_dropped",
+            "Delivery keys the relay could not hand to the broker (left to the sweeper).",
+            registry=self.registry,
+        )

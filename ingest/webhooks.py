@@ -1,0 +1,175 @@
+"""The webhook routes: verify, store once, hand to the relay, answer.
+
+Guards run in a fixed order, each with its own status (STYLE, habit 2):
+
+    source known (404) -> body within limit (413) -> signature over the raw
+    bytes (401) -> delivery id present (400) -> parse (415, 400) -> event
+    present (400) -> store (503 if the database is down) -> relay -> 202
+
+Every verified delivery is answered 2xx once it is stored -- duplicates too --
+because Jira retries on 409 and on 5xx, and a retry of something we already
+hold can only make noise. Nothing is stored before the signature verifies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from types import ModuleType
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from ingest import github, jira
+from ingest.drafts import UnsupportedContentType, UnsupportedPayload
+from ingest.runtime import Runtime, StoreUnavailable
+from models.db import session_scope
+from models.inbox import DeliveryStatus, IncomingDelivery, Recorded, record_delivery
+
+ADAPTERS: dict[str, ModuleType] = {"github": github, "jira": jira}
+
+#: The only request headers kept with a delivery: never a signature or credentials.
+KEPT_HEADERS = (
+    "content-type",
+    "user-agent",
+    "x-github-event",
+    "x-github-delivery",
+    "x-github-hook-id",
+    "x-github-hook-installation-target-id",
+    "x-github-hook-installation-target-type",
+    "x-atlassian-webhook-identifier",
+    "x-atlassian-webhook-retry",
+)
+
+router = APIRouter()
+
+
+class Refusal(Exception):
+    """A delivery we will not take, with the status and the reason to answer."""
+
+    def __init__(self, status: int, reason: str, result: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        #: The metrics label: what happened to the delivery.
+        self.result = result
+
+
+@router.post("/webhooks/github/{source}", status_code=202, tags=["webhooks"])
+async def github_webhook(source: str, request: Request) -> JSONResponse:
+    """A GitHub delivery (JSON or form-encoded), signed with X-Hub-Signature-256."""
+    return await _receive("github", source, request)
+
+
+@router.post("/webhooks/jira/{source}", status_code=202, tags=["webhooks"])
+async def jira_webhook(source: str, request: Request) -> JSONResponse:
+    """A Jira delivery, signed with X-Hub-Signature (sha256=...)."""
+    return await _receive("jira", source, request)
+
+
+async def _receive(provider: str, slug: str, request: Request) -> JSONResponse:
+    runtime: Runtime = request.app.state.runtime
+    started = time.perf_counter()
+    try:
+        status, answer, result = await _take(runtime, ADAPTERS[provider], slug, request)
+    except Refusal as refusal:
+        status, answer, result = refusal.status, {"error": refusal.reason}, refusal.result
+    except StoreUnavailable:
+        runtime.metrics.deliveries.labels(provider, "store_unavailable").inc()
+        return JSONResponse(
+            {"error": "the delivery store is unavailable; retry later"},
+            status_code=503,
+            headers={"Retry-After": str(runtime.settings.retry_after_seconds)},
+        )
+    finally:
+        runtime.metrics.latency.labels(provider).observe(time.perf_counter() - started)
+    runtime.metrics.deliveries.labels(provider, result).inc()
+    return JSONResponse(answer, status_code=status)
+
+
+async def _take(
+    runtime: Runtime, adapter: ModuleType, slug: str, request: Request
+) -> tuple[int, dict, str]:
+    provider = adapter.PROVIDER
+    source = await runtime.verifying_source(provider, slug)
+    if source is None:
+        raise Refusal(404, "unknown webhook source", "unknown_source")
+
+    body = await _read_body(request, runtime.settings.max_body_bytes)
+
+    headers = request.headers
+    if not adapter.verify_signature(body, headers, source.secrets):
+        runtime.metrics.rejected_signatures.labels(provider).inc()
+        raise Refusal(401, "missing or invalid signature", "bad_signature")
+
+    delivery_id = adapter.delivery_id(headers, body)
+    if delivery_id is None:
+        raise Refusal(400, f"missing {adapter.DELIVERY_HEADER} header", "bad_request")
+
+    try:
+        payload = adapter.decode_body(headers.get("content-type"), body)
+    except UnsupportedContentType as error:
+        raise Refusal(415, str(error), "unsupported_media_type") from None
+    except UnsupportedPayload as error:
+        raise Refusal(400, str(error), "bad_request") from None
+
+    event = adapter.event_of(headers, payload)
+    if event is None:
+        raise Refusal(400, "the delivery names no event", "bad_request")
+
+    if event in source.create_events:
+        status, reason = DeliveryStatus.QUEUED, None
+    else:
+        status, reason = DeliveryStatus.IGNORED, f"{event} does not create tasks for this source"
+    action = payload.get("action") if provider == "github" else None
+    incoming = IncomingDelivery(
+        source_id=source.id,
+        delivery_id=delivery_id,
+        body=body,
+        event=event,
+        action=action if isinstance(action, str) else None,
+        headers=_kept_headers(headers),
+        content_type=headers.get("content-type"),
+        hook_id=headers.get("x-github-hook-id"),
+        status=status,
+        status_reason=reason,
+    )
+    recorded = await run_in_threadpool(_store, runtime, incoming)
+
+    if not recorded.is_new:
+        if recorded.payload_mismatch:
+            runtime.metrics.payload_mismatches.labels(provider).inc()
+        return 202, {"status": "duplicate"}, "duplicate"
+    if recorded.status is DeliveryStatus.IGNORED:
+        return 202, {"status": "ignored"}, "ignored"
+    # Committed first, enqueued after: the message never names a row that
+    # might not exist, and a lost message is the sweeper's to recover.
+    runtime.relay.submit(recorded.pk)
+    return 202, {"delivery": recorded.pk, "status": "queued"}, "queued"
+
+
+def _store(runtime: Runtime, incoming: IncomingDelivery) -> Recorded:
+    with runtime.store_errors(), session_scope(runtime.sessions) as session:
+        return record_delivery(session=session, incoming=incoming)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 as soon as it passes ``limit`` -- a huge or
+    lying Content-Length is never buffered whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise Refusal(400, "invalid Content-Length header", "bad_request")
+        if int(declared) > limit:
+            raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
+    return bytes(body)
+
+
+def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {name: headers[name] for name in KEPT_HEADERS if name in headers}
