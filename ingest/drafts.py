@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
@@ -23,6 +24,7 @@ from pydantic import AfterValidator, ValidationError
 from models.tasks import MAX_TITLE_LENGTH, NewTask, SourceLink
 
 SIGNATURE_PREFIX = "sha256="
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 #: How many pydantic errors an :class:`UnsupportedPayload` message names.
 _MAX_REPORTED_ERRORS = 3
@@ -195,7 +197,7 @@ def draft_title(raw: str | None, fallback: str) -> str:
     A missing or blank title falls back to ``fallback`` (the remote key): a
     task with a dull title beats a delivery that cannot become a task.
     """
-    title = raw.strip() if isinstance(raw, str) else ""
+    title = storable_text(raw).strip() if isinstance(raw, str) else ""
     if not title:
         title = fallback.strip()
     if len(title) > MAX_TITLE_LENGTH:
@@ -207,4 +209,15 @@ def draft_description(raw: str | None) -> str | None:
     """The description, or None when it is missing or only white space."""
     if raw is None or not raw.strip():
         return None
-    return raw
+    return storable_text(raw)
+
+
+def storable_text(raw: str) -> str:
+    """``raw`` with what no database can store replaced by U+FFFD.
+
+    JSON may escape a lone surrogate (``"\\ud800"``) or a NUL (``"\\u0000"``);
+    neither can be encoded into PostgreSQL text. A task with one odd
+    character replaced beats a delivery that can never become a task.
+    """
+    # json.loads joins escaped surrogate pairs, so any surrogate left is alone.
+    return _UNSTORABLE.sub("\ufffd", raw)

@@ -264,3 +264,13 @@ def test_a_missing_or_blank_description_is_none(raw: str | None, expected: None)
 
 def test_a_description_is_kept_as_sent() -> None:
     assert draft_description("  *bold*\r\n") == "  *bold*\r\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "stored"),
+    [("a\ud800b", "a\ufffdb"), ("nul\x00here", "nul\ufffdhere"), ("fine 😀", "fine 😀")],
+)
+def test_titles_and_descriptions_hold_only_storable_text(raw, stored):
+    assert draft_title(raw, "PROJ-1") == stored
+    assert draft_description(raw) == stored
+    stored.encode("utf-8")  # would raise for a lone surrogate
