@@ -12,13 +12,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from kombu import Connection
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
-from ingest import webhooks
+from ingest import api, webhooks
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import Runtime, StoreUnavailable
@@ -57,20 +59,48 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
         lifespan=lifespan,
     )
     app.include_router(webhooks.router)
+    app.include_router(api.router)
     _add_operational_routes(app)
+    _add_error_handlers(app, settings)
+    return app
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        # Never a 500: whatever went wrong, nothing was half-stored (the store
-        # commits or rolls back as one), so the caller may simply retry.
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
+
+def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
+    """Every error is JSON ``{"error": ...}`` with a precise status."""
+
+    def unavailable() -> JSONResponse:
         return JSONResponse(
             {"error": "temporarily unavailable; retry later"},
             status_code=503,
             headers={"Retry-After": str(settings.retry_after_seconds)},
         )
 
-    return app
+    @app.exception_handler(api.ApiError)
+    async def _api_error(request: Request, error: api.ApiError) -> JSONResponse:
+        return api.api_error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        return JSONResponse({"error": f"{where}: {problem['msg']}"}, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
+        )
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_unavailable(request: Request, error: StoreUnavailable) -> JSONResponse:
+        return unavailable()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        # Never a 500: whatever went wrong, nothing was half-stored (the store
+        # commits or rolls back as one), so the caller may simply retry.
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return unavailable()
 
 
 def _add_operational_routes(app: FastAPI) -> None:

@@ -8,10 +8,18 @@ from sqlalchemy import Connection
 
 from models.db import make_engine
 from models.settings import Settings
-from models.tables import Base
+from models.tables import Base, UTCDateTime
 
 config = context.config
 target_metadata = Base.metadata
+
+
+def _render_item(kind: str, obj: object, autogen_context) -> str | bool:
+    """Autogenerate writes our column types as plain SQLAlchemy types, so a
+    revision never imports the models it migrates."""
+    if kind == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
 
 
 def _configure_and_run(connection: Connection) -> None:
@@ -19,6 +27,7 @@ def _configure_and_run(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         compare_type=True,
+        render_item=_render_item,
         # SQLite cannot ALTER most things in place; batch mode rebuilds tables.
         render_as_batch=connection.dialect.name == "sqlite",
     )

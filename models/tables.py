@@ -252,3 +252,34 @@ class Delivery(Base):
     task_id: Mapped[int | None] = mapped_column(Integer)
     #: Redeliveries under this id whose body differed from the stored one.
     payload_mismatches: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+
+
+class ApiToken(Base):
+    """A bearer token of the REST API. Only a hash of the token is kept; the
+    token itself is shown once, when it is made."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    #: member: create, read, edit; operator: also release identities.
+    role: Mapped[str] = mapped_column(String(16))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    #: The first characters of the token, so a person can tell tokens apart.
+    token_prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class ApiTokenWorkspace(Base):
+    """A workspace a token may see. A token sees nothing else."""
+
+    __tablename__ = "api_token_workspaces"
+
+    token_id: Mapped[int] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), primary_key=True
+    )
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )

@@ -446,3 +446,41 @@ def release_external_id(
     session.add(audit)
     session.flush()
     return audit
+
+
+def list_tasks(
+    *, session: Session, caller: Caller, workspace_id: int, limit: int = 50, after: int = 0
+) -> list[Task]:
+    """One page of the workspace's tasks, oldest first: ids above ``after``."""
+    _authorized_workspace(session, caller, workspace_id)
+    return list(
+        session.scalars(
+            select(Task)
+            .where(Task.workspace_id == workspace_id, Task.id > after)
+            .order_by(Task.id)
+            .limit(limit)
+        )
+    )
+
+
+def update_task(
+    *,
+    session: Session,
+    caller: Caller,
+    task_id: int,
+    title: str | None = None,
+    description: str | None = None,
+    clear_description: bool = False,
+) -> Task:
+    """Edit a task's title and description. There is deliberately no way to
+    change its external id: it is set once, at create."""
+    task = get_task(session=session, caller=caller, task_id=task_id)
+    if title is not None:
+        task.title, _ = _validated_title_and_description(NewTask(title=title))
+    if clear_description:
+        task.description = None
+    elif description is not None:
+        task.description = description
+    task.updated_at = utcnow()
+    session.flush()
+    return task

@@ -1,0 +1,369 @@
+"""The REST surface of the external-ID contract: create, lookup, release, and
+the plain task routes.
+
+Order of checks on every route (seed 000, "Request ordering and error
+precedence"): the token (401), then the caller's access to the workspace --
+a workspace it may not see answers exactly like one that does not exist
+(404) -- then validation (400), then the lookup. A caller without access
+learns nothing about which identities exist there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from ingest.runtime import Runtime
+from ingest.schemas import (
+    CreatedTask,
+    ErrorBody,
+    FoundTask,
+    TaskCreate,
+    TaskPage,
+    TaskPatch,
+    TaskRead,
+    task_body,
+)
+from models.db import session_scope
+from models.errors import (
+    InvalidRelease,
+    InvalidTask,
+    TaskNotFound,
+    WipLimitReached,
+    WorkspaceNotAccessible,
+)
+from models.external_id import InvalidExternalId
+from models.tasks import (
+    NewTask,
+    archive_task,
+    create_task,
+    delete_task,
+    find_task_by_external_id,
+    get_task,
+    list_tasks,
+    release_external_id,
+    update_task,
+)
+from models.tokens import Principal, authenticate
+
+T = TypeVar("T")
+
+TASK_NOT_CREATED = "task not created"
+TASK_NOT_FOUND = "task not found"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+def api_error_response(error: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse({"error": error.error}, status_code=error.status, headers=headers)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorBody} for status in statuses}
+
+
+_bearer = HTTPBearer(auto_error=False, description="A token from `taskhook token add`.")
+
+
+def current_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None:
+        raise ApiError(401, "missing bearer token")
+    runtime: Runtime = request.app.state.runtime
+    with runtime.store_errors(), runtime.sessions() as session:
+        principal = authenticate(session=session, token=credentials.credentials)
+    if principal is None:
+        raise ApiError(401, "invalid or revoked token")
+    return principal
+
+
+Caller = Annotated[Principal, Depends(current_principal)]
+
+router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=_errors(401, 503))
+
+
+def _in_session(request: Request, work: Callable[[Session], T]) -> T:
+    """Run ``work`` in one unit of work; database failures become a 503."""
+    runtime: Runtime = request.app.state.runtime
+    with runtime.store_errors(), session_scope(runtime.sessions) as session:
+        return work(session)
+
+
+def _require_access(principal: Principal, workspace_id: int, not_found: str) -> None:
+    if not principal.caller.may_access(workspace_id):
+        raise ApiError(404, not_found)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def _first_problem(error: ValidationError) -> str:
+    problem = error.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"]) or "body"
+    return f"{where}: {problem['msg']}"
+
+
+# --- create and the identity routes ---------------------------------------------------
+
+
+@router.post(
+    "/tasks",
+    response_model=CreatedTask,
+    responses=_errors(400, 404, 409),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": TaskCreate.model_json_schema()}},
+        }
+    },
+    summary="Create a task, or return the one that already holds its external_id",
+)
+async def create(request: Request, principal: Caller) -> JSONResponse:
+    """Create-if-absent: with an ``external_id`` that a task in the workspace
+    already holds, nothing is created and that task comes back with
+    ``deduplicated: true``. Every answer carries ``deduplicated`` and
+    ``creation_complete``."""
+    body = await _json_object(request)
+    workspace_id = body.get("workspace_id")
+    if type(workspace_id) is not int:
+        raise ApiError(400, "workspace_id: an integer is required")
+    # Authorization precedes any external-ID work.
+    _require_access(principal, workspace_id, TASK_NOT_CREATED)
+    try:
+        fields = TaskCreate.model_validate(body)
+    except ValidationError as error:
+        raise ApiError(400, _first_problem(error)) from None
+
+    def work(session: Session) -> dict:
+        result = create_task(
+            session=session,
+            caller=principal.caller,
+            workspace_id=workspace_id,
+            new=NewTask(
+                title=fields.title,
+                description=fields.description,
+                external_id=fields.external_id,
+            ),
+        )
+        return task_body(
+            result.task,
+            deduplicated=result.outcome.deduplicated,
+            creation_complete=result.outcome.creation_complete,
+        )
+
+    try:
+        return JSONResponse(await run_in_threadpool(_in_session, request, work))
+    except WorkspaceNotAccessible:
+        raise ApiError(404, TASK_NOT_CREATED) from None
+    except (InvalidExternalId, InvalidTask) as error:
+        raise ApiError(400, str(error)) from None
+    except WipLimitReached as error:
+        raise ApiError(409, str(error)) from None
+    except TaskNotFound:  # deleted by someone else before this create settled
+        raise ApiError(404, TASK_NOT_FOUND) from None
+
+
+BY_EXTERNAL_ID = "/workspaces/{workspace_id}/tasks/by-external-id"
+ExternalIdQuery = Annotated[str | None, Query(description="The external id to look up (required).")]
+
+
+@router.get(
+    BY_EXTERNAL_ID,
+    response_model=FoundTask,
+    responses=_errors(400, 404),
+    summary="Find the task that holds an external_id (read-only)",
+)
+def lookup(
+    request: Request, principal: Caller, workspace_id: int, external_id: ExternalIdQuery = None
+) -> JSONResponse:
+    """The task holding ``external_id`` -- archived and unsettled ones included --
+    with ``creation_complete``. Never creates anything. A caller that wants to
+    recover after a long absence should look up first and create only on 404."""
+    _require_access(principal, workspace_id, TASK_NOT_FOUND)
+
+    def work(session: Session) -> dict | None:
+        task = find_task_by_external_id(
+            session=session,
+            caller=principal.caller,
+            workspace_id=workspace_id,
+            external_id=external_id,
+        )
+        if task is None:
+            return None
+        return task_body(task, creation_complete=task.external_id_settled_at is not None)
+
+    try:
+        found = _in_session(request, work)
+    except WorkspaceNotAccessible:
+        raise ApiError(404, TASK_NOT_FOUND) from None
+    except InvalidExternalId as error:
+        raise ApiError(400, str(error)) from None
+    if found is None:
+        raise ApiError(404, TASK_NOT_FOUND)
+    return JSONResponse(found)
+
+
+@router.delete(
+    BY_EXTERNAL_ID,
+    status_code=204,
+    responses=_errors(400, 403, 404),
+    summary="Release an external_id (operator role): the task stays, the identity is freed",
+)
+def release(
+    request: Request,
+    principal: Caller,
+    workspace_id: int,
+    external_id: ExternalIdQuery = None,
+    reason: Annotated[
+        str | None, Query(description="Why the identity is released (required; audited).")
+    ] = None,
+) -> Response:
+    """Sets the holder's external_id and its settlement to null and writes an
+    audit row naming the token. Release is for an identity a person has
+    determined is abandoned -- never an automatic answer to
+    ``creation_complete: false``."""
+    _require_access(principal, workspace_id, TASK_NOT_FOUND)
+    if not principal.is_operator:
+        raise ApiError(403, "releasing an external_id needs an operator token")
+
+    def work(session: Session) -> None:
+        release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=external_id,
+            operator=principal.name,
+            reason=reason or "",
+        )
+
+    try:
+        _in_session(request, work)
+    except (InvalidExternalId, InvalidRelease) as error:
+        raise ApiError(400, str(error)) from None
+    except TaskNotFound:
+        raise ApiError(404, TASK_NOT_FOUND) from None
+    return Response(status_code=204)
+
+
+# --- plain task routes ------------------------------------------------------------------
+
+
+def _task_route(request: Request, work: Callable[[Session], T]) -> T:
+    try:
+        return _in_session(request, work)
+    except (TaskNotFound, WorkspaceNotAccessible):
+        raise ApiError(404, TASK_NOT_FOUND) from None
+    except InvalidTask as error:
+        raise ApiError(400, str(error)) from None
+
+
+@router.get("/tasks/{task_id}", response_model=TaskRead, responses=_errors(404))
+def read_task(request: Request, principal: Caller, task_id: int) -> JSONResponse:
+    return JSONResponse(
+        _task_route(
+            request,
+            lambda s: task_body(get_task(session=s, caller=principal.caller, task_id=task_id)),
+        )
+    )
+
+
+@router.get("/workspaces/{workspace_id}/tasks", response_model=TaskPage, responses=_errors(404))
+def read_tasks(
+    request: Request,
+    principal: Caller,
+    workspace_id: int,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    after: Annotated[int, Query(ge=0, description="Return tasks with ids above this.")] = 0,
+) -> JSONResponse:
+    _require_access(principal, workspace_id, TASK_NOT_FOUND)
+
+    def work(session: Session) -> dict:
+        tasks = list_tasks(
+            session=session,
+            caller=principal.caller,
+            workspace_id=workspace_id,
+            limit=limit,
+            after=after,
+        )
+        return {
+            "tasks": [task_body(task) for task in tasks],
+            "next_after": tasks[-1].id if len(tasks) == limit else None,
+        }
+
+    return JSONResponse(_task_route(request, work))
+
+
+@router.patch(
+    "/tasks/{task_id}",
+    response_model=TaskRead,
+    responses=_errors(400, 404),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": TaskPatch.model_json_schema()}},
+        }
+    },
+)
+async def edit_task(request: Request, principal: Caller, task_id: int) -> JSONResponse:
+    """Change the title or the description. ``external_id`` is not accepted: it
+    is set once, at create."""
+    body = await _json_object(request)
+    if "external_id" in body:
+        raise ApiError(400, "external_id cannot be changed; it is set once, at create")
+    try:
+        patch = TaskPatch.model_validate(body)
+    except ValidationError as error:
+        raise ApiError(400, _first_problem(error)) from None
+
+    def work(session: Session) -> dict:
+        task = update_task(
+            session=session,
+            caller=principal.caller,
+            task_id=task_id,
+            title=patch.title,
+            description=patch.description,
+            clear_description="description" in body and patch.description is None,
+        )
+        return task_body(task)
+
+    return JSONResponse(await run_in_threadpool(_task_route, request, work))
+
+
+@router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=_errors(404))
+def archive(request: Request, principal: Caller, task_id: int) -> JSONResponse:
+    """Archive the task. It keeps its external_id: a retried create still finds it."""
+    return JSONResponse(
+        _task_route(
+            request,
+            lambda s: task_body(archive_task(session=s, caller=principal.caller, task_id=task_id)),
+        )
+    )
+
+
+@router.delete("/tasks/{task_id}", status_code=204, responses=_errors(404))
+def delete(request: Request, principal: Caller, task_id: int) -> Response:
+    """Delete the task. Its external_id is free again: a later create makes a new task."""
+    _task_route(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
+    return Response(status_code=204)

@@ -1,0 +1,119 @@
+"""API tokens: who may call the REST API, on which workspaces, in which role."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from models.access import Caller
+from models.errors import TaskStoreError
+from models.tables import ApiToken, ApiTokenWorkspace, Workspace, utcnow
+
+TOKEN_PREFIX = "th_"
+
+
+class Role(enum.StrEnum):
+    MEMBER = "member"
+    OPERATOR = "operator"
+
+
+class InvalidToken(TaskStoreError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller behind a valid token."""
+
+    token_id: int
+    name: str
+    role: Role
+    caller: Caller
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role is Role.OPERATOR
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: str  # shown once; never stored
+    record: ApiToken
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_token(
+    *, session: Session, name: str, role: str, workspace_ids: Iterable[int]
+) -> IssuedToken:
+    """A new token for ``workspace_ids``. Tokens are long random strings, so a
+    plain SHA-256 is enough to keep a database leak from revealing them."""
+    name = name.strip()
+    if not name:
+        raise InvalidToken("a token needs a name (it is the operator name in audit rows)")
+    try:
+        role = Role(role)
+    except ValueError:
+        raise InvalidToken(f"role must be one of {', '.join(Role)}") from None
+    workspaces = sorted(set(workspace_ids))
+    if not workspaces:
+        raise InvalidToken("a token needs at least one workspace")
+    known = set(session.scalars(select(Workspace.id).where(Workspace.id.in_(workspaces))))
+    if missing := [w for w in workspaces if w not in known]:
+        raise InvalidToken(f"unknown workspace {missing[0]}")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    record = ApiToken(
+        name=name, role=role.value, token_sha256=_digest(token), token_prefix=token[:10]
+    )
+    session.add(record)
+    session.flush()
+    session.add_all(ApiTokenWorkspace(token_id=record.id, workspace_id=w) for w in workspaces)
+    session.flush()
+    return IssuedToken(token, record)
+
+
+def authenticate(*, session: Session, token: str) -> Principal | None:
+    """The principal of an unrevoked token, or None."""
+    record = session.scalar(
+        select(ApiToken).where(
+            ApiToken.token_sha256 == _digest(token), ApiToken.revoked_at.is_(None)
+        )
+    )
+    if record is None:
+        return None
+    workspaces = session.scalars(
+        select(ApiTokenWorkspace.workspace_id).where(ApiTokenWorkspace.token_id == record.id)
+    )
+    return Principal(
+        token_id=record.id,
+        name=record.name,
+        role=Role(record.role),
+        caller=Caller.of_workspaces(record.name, *workspaces),
+    )
+
+
+def list_tokens(*, session: Session) -> list[tuple[ApiToken, list[int]]]:
+    tokens = session.scalars(select(ApiToken).order_by(ApiToken.id)).all()
+    links = session.execute(select(ApiTokenWorkspace.token_id, ApiTokenWorkspace.workspace_id))
+    workspaces: dict[int, list[int]] = {}
+    for token_id, workspace_id in links:
+        workspaces.setdefault(token_id, []).append(workspace_id)
+    return [(token, sorted(workspaces.get(token.id, []))) for token in tokens]
+
+
+def revoke_token(*, session: Session, token_id: int) -> ApiToken:
+    record = session.get(ApiToken, token_id)
+    if record is None:
+        raise InvalidToken(f"no token with id {token_id}")
+    if record.revoked_at is None:
+        record.revoked_at = utcnow()
+        session.flush()
+    return record
