@@ -95,7 +95,7 @@ def current_principal(
 
 Caller = Annotated[Principal, Depends(current_principal)]
 
-router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=_errors(401, 503))
+router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=_errors(400, 401, 503))
 
 
 def _in_session(request: Request, work: Callable[[Session], T]) -> T:

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from ingest import github, jira
 from ingest.drafts import UnsupportedContentType, UnsupportedPayload
 from ingest.runtime import Runtime, StoreUnavailable
+from ingest.schemas import ErrorBody
 from models.db import session_scope
 from models.inbox import DeliveryStatus, IncomingDelivery, Recorded, record_delivery
 
@@ -42,7 +43,10 @@ KEPT_HEADERS = (
     "x-atlassian-webhook-retry",
 )
 
-router = APIRouter()
+router = APIRouter(
+    tags=["webhooks"],
+    responses={status: {"model": ErrorBody} for status in (400, 401, 404, 413, 415, 503)},
+)
 
 
 class Refusal(Exception):
@@ -56,13 +60,13 @@ class Refusal(Exception):
         self.result = result
 
 
-@router.post("/webhooks/github/{source}", status_code=202, tags=["webhooks"])
+@router.post("/webhooks/github/{source}", status_code=202)
 async def github_webhook(source: str, request: Request) -> JSONResponse:
     """A GitHub delivery (JSON or form-encoded), signed with X-Hub-Signature-256."""
     return await _receive("github", source, request)
 
 
-@router.post("/webhooks/jira/{source}", status_code=202, tags=["webhooks"])
+@router.post("/webhooks/jira/{source}", status_code=202)
 async def jira_webhook(source: str, request: Request) -> JSONResponse:
     """A Jira delivery, signed with X-Hub-Signature (sha256=...)."""
     return await _receive("jira", source, request)
