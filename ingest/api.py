@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
@@ -55,6 +55,10 @@ from models.tasks import (
 from models.tokens import Principal, authenticate
 
 T = TypeVar("T")
+
+#: Ids are 32-bit integers in the database; a larger one can name nothing.
+MAX_ID = 2**31 - 1
+Id = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 TASK_NOT_CREATED = "task not created"
 TASK_NOT_FOUND = "task not found"
@@ -105,7 +109,7 @@ def _in_session(request: Request, work: Callable[[Session], T]) -> T:
         return work(session)
 
 
-def _require_access(principal: Principal, workspace_id: int, not_found: str) -> None:
+def _require_access(principal: Principal, workspace_id: Id, not_found: str) -> None:
     if not principal.caller.may_access(workspace_id):
         raise ApiError(404, not_found)
 
@@ -197,7 +201,7 @@ ExternalIdQuery = Annotated[str | None, Query(description="The external id to lo
     summary="Find the task that holds an external_id (read-only)",
 )
 def lookup(
-    request: Request, principal: Caller, workspace_id: int, external_id: ExternalIdQuery = None
+    request: Request, principal: Caller, workspace_id: Id, external_id: ExternalIdQuery = None
 ) -> JSONResponse:
     """The task holding ``external_id`` -- archived and unsettled ones included --
     with ``creation_complete``. Never creates anything. A caller that wants to
@@ -235,7 +239,7 @@ def lookup(
 def release(
     request: Request,
     principal: Caller,
-    workspace_id: int,
+    workspace_id: Id,
     external_id: ExternalIdQuery = None,
     reason: Annotated[
         str | None, Query(description="Why the identity is released (required; audited).")
@@ -280,7 +284,7 @@ def _task_route(request: Request, work: Callable[[Session], T]) -> T:
 
 
 @router.get("/tasks/{task_id}", response_model=TaskRead, responses=_errors(404))
-def read_task(request: Request, principal: Caller, task_id: int) -> JSONResponse:
+def read_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     return JSONResponse(
         _task_route(
             request,
@@ -293,9 +297,11 @@ def read_task(request: Request, principal: Caller, task_id: int) -> JSONResponse
 def read_tasks(
     request: Request,
     principal: Caller,
-    workspace_id: int,
+    workspace_id: Id,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    after: Annotated[int, Query(ge=0, description="Return tasks with ids above this.")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=MAX_ID, description="Return tasks with ids above this.")
+    ] = 0,
 ) -> JSONResponse:
     _require_access(principal, workspace_id, TASK_NOT_FOUND)
 
@@ -326,7 +332,7 @@ def read_tasks(
         }
     },
 )
-async def edit_task(request: Request, principal: Caller, task_id: int) -> JSONResponse:
+async def edit_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     """Change the title or the description. ``external_id`` is not accepted: it
     is set once, at create."""
     body = await _json_object(request)
@@ -352,7 +358,7 @@ async def edit_task(request: Request, principal: Caller, task_id: int) -> JSONRe
 
 
 @router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=_errors(404))
-def archive(request: Request, principal: Caller, task_id: int) -> JSONResponse:
+def archive(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     """Archive the task. It keeps its external_id: a retried create still finds it."""
     return JSONResponse(
         _task_route(
@@ -363,7 +369,7 @@ def archive(request: Request, principal: Caller, task_id: int) -> JSONResponse:
 
 
 @router.delete("/tasks/{task_id}", status_code=204, responses=_errors(404))
-def delete(request: Request, principal: Caller, task_id: int) -> Response:
+def delete(request: Request, principal: Caller, task_id: Id) -> Response:
     """Delete the task. Its external_id is free again: a later create makes a new task."""
     _task_route(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
     return Response(status_code=204)
