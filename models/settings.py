@@ -123,12 +123,15 @@ class Settings(BaseSettings):
         if self.broker_url.startswith("filesystem://"):
             queue = self.broker_folder / "queue"
             processed = self.broker_folder / "processed"
-            for folder in (queue, processed):
+            control = self.broker_folder / "control"
+            for folder in (queue, processed, control):
                 folder.mkdir(parents=True, exist_ok=True)
             return {
                 "data_folder_in": str(queue),
                 "data_folder_out": str(queue),
                 "processed_folder": str(processed),
+                # kombu would otherwise write its exchange files to ./control.
+                "control_folder": str(control),
                 "store_processed": False,
                 # kombu's default (1 s) drains about 2 messages/s here.
                 "polling_interval": 0.01,
