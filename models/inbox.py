@@ -221,12 +221,24 @@ def finish(
     return rows == 1
 
 
-def defer(*, session: Session, lease: Lease, until: datetime, error: str | None = None) -> bool:
+def defer(
+    *,
+    session: Session,
+    lease: Lease,
+    until: datetime,
+    error: str | None = None,
+    reason: str | None = None,
+) -> bool:
     """Keep the delivery in processing and hold it until ``until`` (a retry's
-    countdown): neither the sweeper nor another claim takes it before then."""
+    countdown): neither the sweeper nor another claim takes it before then.
+
+    ``reason`` says what the delivery waits for (shown to operators while it
+    waits); ``error`` keeps the error that made it wait, if one did."""
     values: dict[str, object] = {"lease_expires_at": until, "updated_at": utcnow()}
     if error is not None:
         values["last_error"] = error
+    if reason is not None:
+        values["status_reason"] = reason
     rows = session.execute(
         _fenced(lease).values(**values).execution_options(synchronize_session=False)
     ).rowcount

@@ -1,0 +1,159 @@
+"""A workspace fed by a GitHub and a Jira source, and real deliveries stored for them.
+
+Shared by the worker's integration and end-to-end tests: a delivery is
+recorded exactly as the ingress records it (``models.inbox.record_delivery``),
+from the real fixture bodies under ``tests/fixtures``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.db import session_scope
+from models.inbox import IncomingDelivery, record_delivery
+from models.sources import add_source
+from models.tables import Delivery, Task, TaskSource
+from models.workspaces import StepSpec, create_workspace
+from tests.deliveries import fixture
+
+JIRA_SITE = "https://acme.atlassian.net"
+GITHUB_CREATE_EVENTS = ("issues.opened", "pull_request.opened")
+JIRA_CREATE_EVENTS = ("jira:issue_created",)
+
+#: Fixture -> the external id and link its task gets (Jira links use JIRA_SITE).
+EXPECTED = {
+    ("github", "issues__opened"): (
+        "gh-issue/Codertocat/Hello-World#1",
+        "https://github.com/Codertocat/Hello-World/issues/1",
+    ),
+    ("github", "pull_request__opened"): (
+        "gh-pr/Codertocat/Hello-World#2",
+        "https://github.com/Codertocat/Hello-World/pull/2",
+    ),
+    ("jira", "jira_issue_created__cloud"): ("jira:TES-41", f"{JIRA_SITE}/browse/TES-41"),
+    ("jira", "jira_issue_created__cloud_many_fields"): (
+        "jira:KT-22",
+        f"{JIRA_SITE}/browse/KT-22",
+    ),
+    ("jira", "jira_issue_created__server_trigger_plugin"): (
+        "jira:TEST-4",
+        f"{JIRA_SITE}/browse/TEST-4",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Feed:
+    workspace_id: int
+    github_source_id: int
+    jira_source_id: int
+
+    def source_id(self, provider: str) -> int:
+        return self.github_source_id if provider == "github" else self.jira_source_id
+
+
+def make_feed(
+    sessions: sessionmaker[Session],
+    slug: str = "acme",
+    prefix: str = "ACME",
+    intake_wip_limit: int | None = None,
+) -> Feed:
+    with session_scope(sessions) as session:
+        workspace = create_workspace(
+            session=session,
+            slug=slug,
+            name=slug.title(),
+            task_prefix=prefix,
+            steps=(StepSpec("Inbox", intake_wip_limit), StepSpec("Done")),
+        )
+        github = add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace.id,
+            slug=f"{slug}-github",
+            secret="gh-secret",
+            create_events=GITHUB_CREATE_EVENTS,
+        )
+        jira = add_source(
+            session=session,
+            provider="jira",
+            workspace_id=workspace.id,
+            slug=f"{slug}-jira",
+            secret="jira-secret",
+            create_events=JIRA_CREATE_EVENTS,
+            site_url=JIRA_SITE,
+        )
+        return Feed(workspace.id, github.id, jira.id)
+
+
+def event_of(provider: str, name: str, body: bytes) -> str:
+    """The event name the ingress stores for fixture ``name`` (``issues.opened``)."""
+    payload = json.loads(body)
+    if provider == "jira":
+        return payload["webhookEvent"]
+    action = payload.get("action")
+    header = name.split("__")[0]
+    return f"{header}.{action}" if action else header
+
+
+def store_delivery(
+    sessions: sessionmaker[Session],
+    source_id: int,
+    *,
+    body: bytes,
+    event: str,
+    content_type: str | None = "application/json",
+    delivery_id: str | None = None,
+) -> int:
+    """Record one delivery as the ingress does; returns the inbox row's key."""
+    incoming = IncomingDelivery(
+        source_id=source_id,
+        delivery_id=delivery_id or str(uuid.uuid4()),
+        body=body,
+        event=event,
+        action=None,
+        headers={"content-type": content_type or ""},
+        content_type=content_type,
+    )
+    with session_scope(sessions) as session:
+        return record_delivery(session=session, incoming=incoming).pk
+
+
+def store_fixture(
+    sessions: sessionmaker[Session],
+    feed: Feed,
+    provider: str,
+    name: str,
+    *,
+    delivery_id: str | None = None,
+) -> int:
+    body = fixture(provider, name)
+    return store_delivery(
+        sessions,
+        feed.source_id(provider),
+        body=body,
+        event=event_of(provider, name, body),
+        delivery_id=delivery_id,
+    )
+
+
+def delivery(sessions: sessionmaker[Session], pk: int) -> Delivery:
+    with sessions() as session:
+        return session.get(Delivery, pk)
+
+
+def tasks_of(sessions: sessionmaker[Session], workspace_id: int) -> list[Task]:
+    with sessions() as session:
+        return list(
+            session.scalars(select(Task).where(Task.workspace_id == workspace_id).order_by(Task.id))
+        )
+
+
+def link_of(sessions: sessionmaker[Session], task_id: int) -> TaskSource | None:
+    with sessions() as session:
+        return session.scalar(select(TaskSource).where(TaskSource.task_id == task_id))

@@ -1,0 +1,417 @@
+"""process_delivery on SQLite and PostgreSQL, with real fixture bodies.
+
+Each test reads as one sentence about what a stored delivery becomes. A crash
+is simulated by a create hook raising :class:`Crash`, a BaseException the
+worker does not catch -- as a SIGKILL would, it leaves everything committed
+so far in place and nothing after it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import delete, update
+from sqlalchemy.exc import OperationalError
+
+from models.db import session_scope
+from models.inbox import DeliveryStatus, sweepable
+from models.settings import Settings
+from models.tables import Delivery, Task, utcnow
+from models.tasks import CreateHooks
+from tests.conftest import Store
+from tests.integration.worker.feeds import (
+    EXPECTED,
+    delivery,
+    link_of,
+    make_feed,
+    store_delivery,
+    store_fixture,
+    tasks_of,
+)
+from worker.processing import Processed, backoff_seconds, next_retry, process_delivery
+from worker.sweeper import sweep
+
+SETTINGS = Settings(
+    task_time_limit_seconds=10,
+    lease_seconds=30,
+    retry_base_seconds=1.0,
+    retry_max_seconds=8.0,
+    unsettled_max_retries=3,
+    database_max_retries=2,
+)
+
+
+class Crash(BaseException):
+    """A simulated process death: nothing catches it."""
+
+
+def run(store: Store, pk: int, **options) -> Processed:
+    options.setdefault("settings", SETTINGS)
+    with session_scope(store.sessions) as session:
+        return process_delivery(session=session, delivery_pk=pk, **options)
+
+
+def crash_after_insert(_task: Task) -> None:
+    raise Crash()
+
+
+def expire_lease(store: Store, pk: int) -> None:
+    with session_scope(store.sessions) as session:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == pk)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+
+
+def crashed_create(store: Store, feed, name: str = "jira_issue_created__cloud") -> int:
+    """A delivery whose worker died between the task insert and the settle."""
+    pk = store_fixture(store.sessions, feed, "jira", name)
+    with pytest.raises(Crash):
+        run(store, pk, hooks=CreateHooks(after_insert=crash_after_insert))
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (task.created_by_delivery, task.external_id_settled_at) == (pk, None)
+    assert delivery(store.sessions, pk).status == "processing"
+    return pk
+
+
+# --- what a delivery becomes -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("provider", "name"), sorted(EXPECTED))
+def test_a_create_event_becomes_a_settled_linked_task_and_its_delivery_is_done(
+    store: Store, provider: str, name: str
+):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, provider, name)
+
+    processed = run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    external_id, url = EXPECTED[provider, name]
+    assert (processed.status, processed.outcome, processed.task_id) == (
+        DeliveryStatus.DONE,
+        "created",
+        task.id,
+    )
+    assert task.external_id == external_id
+    assert task.external_id_settled_at is not None
+    assert task.created_by_delivery == pk
+    link = link_of(store.sessions, task.id)
+    assert (link.provider, link.url) == (provider, url)
+    row = delivery(store.sessions, pk)
+    assert (row.status, row.outcome, row.task_id, row.attempts) == ("done", "created", task.id, 1)
+    assert row.lease_expires_at is None
+
+
+def test_the_same_delivery_processed_twice_is_one_task(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+
+    run(store, pk)
+    again = run(store, pk)
+
+    assert again.status is None
+    assert len(tasks_of(store.sessions, feed.workspace_id)) == 1
+    assert delivery(store.sessions, pk).attempts == 1
+
+
+def test_two_deliveries_for_one_jira_issue_are_one_task_and_the_second_is_found(store: Store):
+    feed = make_feed(store.sessions)
+    first = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    second = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+
+    created, found = run(store, first), run(store, second)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (created.outcome, found.outcome) == ("created", "found_settled")
+    assert found.task_id == created.task_id == task.id
+    assert delivery(store.sessions, second).status == "done"
+    assert store.scalar("SELECT task_sequence FROM workspaces") == 1  # no number burnt
+
+
+def test_an_event_the_source_does_not_create_from_is_ignored_with_the_reason(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__closed")
+
+    processed = run(store, pk)
+
+    assert processed.status is DeliveryStatus.IGNORED
+    assert "issues.closed does not create tasks" in delivery(store.sessions, pk).status_reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "reason"),
+    [
+        (b"{not json", "application/json", "not valid JSON"),
+        (b'{"action": "opened"}', "application/json", "expected shape"),
+        (b'{"action": "opened"}', "text/plain", "must be application/json"),
+    ],
+    ids=["not-json", "wrong-shape", "wrong-content-type"],
+)
+def test_an_unusable_body_is_dead_with_the_reason_and_never_retried(
+    store: Store, body: bytes, content_type: str, reason: str
+):
+    feed = make_feed(store.sessions)
+    pk = store_delivery(
+        store.sessions,
+        feed.github_source_id,
+        body=body,
+        event="issues.opened",
+        content_type=content_type,
+    )
+
+    processed = run(store, pk)
+
+    assert (processed.status, processed.retry_in) == (DeliveryStatus.DEAD, None)
+    assert reason in delivery(store.sessions, pk).status_reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+# --- another create holds the identity -----------------------------------------------
+
+
+def test_another_deliverys_unsettled_create_is_waited_for_then_parked_untouched(store: Store):
+    feed = make_feed(store.sessions)
+    holder_pk = crashed_create(store, feed)
+    (holder,) = tasks_of(store.sessions, feed.workspace_id)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+
+    waiting = run(store, pk, retries=0)
+
+    assert waiting.status is DeliveryStatus.PROCESSING
+    assert 0.5 <= waiting.retry_in - 0.5 <= 1.0  # first retry: half to all of the base
+    row = delivery(store.sessions, pk)
+    assert row.lease_expires_at > utcnow()  # deferred: the sweeper leaves it alone
+    assert holder.identifier in row.status_reason and f"delivery {holder_pk}" in row.status_reason
+    with session_scope(store.sessions) as session:
+        assert pk not in sweepable(session=session, queued_grace_seconds=0)
+
+    expire_lease(store, pk)
+    parked = run(store, pk, retries=SETTINGS.unsettled_max_retries)
+
+    assert (parked.status, parked.retry_in) == (DeliveryStatus.NEEDS_OPERATOR, None)
+    row = delivery(store.sessions, pk)
+    assert (row.status, row.outcome, row.task_id) == (
+        "needs_operator",
+        "found_unsettled",
+        holder.id,
+    )
+    assert "'jira:TES-41' is held by unsettled task ACME-1" in row.status_reason
+    # Another delivery's create is never finished (nor released) by this one.
+    (still,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (still.external_id, still.external_id_settled_at) == ("jira:TES-41", None)
+    assert link_of(store.sessions, holder.id) is None
+
+
+def test_the_retry_wait_grows_exponentially_with_jitter_and_stops_at_the_limit():
+    rng = random.Random(4)
+    settings = Settings(retry_base_seconds=1.0, retry_max_seconds=20.0)
+    for retries, ceiling in enumerate([1, 2, 4, 8, 16, 20, 20]):
+        waits = [backoff_seconds(retries, settings=settings, rng=rng) for _ in range(200)]
+        assert ceiling / 2 <= min(waits) and max(waits) <= ceiling
+        assert max(waits) - min(waits) > ceiling / 4  # jittered, not one fixed wait
+    assert next_retry(2, limit=3, settings=settings, rng=rng) is not None
+    assert next_retry(3, limit=3, settings=settings, rng=rng) is None
+    assert next_retry(0, limit=0, settings=settings, rng=rng) is None
+    assert backoff_seconds(10_000, settings=settings) <= 20.0  # no overflow far out
+
+
+def test_a_full_intake_step_is_retried_then_parked(store: Store):
+    feed = make_feed(store.sessions, intake_wip_limit=0)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+
+    waiting = run(store, pk)
+    assert waiting.status is DeliveryStatus.PROCESSING and waiting.retry_in is not None
+    assert "WIP limit" in delivery(store.sessions, pk).status_reason
+
+    expire_lease(store, pk)
+    parked = run(store, pk, retries=SETTINGS.unsettled_max_retries)
+    assert parked.status is DeliveryStatus.NEEDS_OPERATOR
+    assert "WIP limit of 0" in delivery(store.sessions, pk).status_reason
+    assert store.scalar("SELECT task_sequence FROM workspaces") == 0
+
+
+# --- crashes, redeliveries and stale attempts ------------------------------------------
+
+
+def test_a_redelivery_finishes_its_own_unsettled_create(store: Store):
+    feed = make_feed(store.sessions)
+    pk = crashed_create(store, feed)
+    expire_lease(store, pk)
+    with session_scope(store.sessions) as session:
+        assert pk in sweepable(session=session, queued_grace_seconds=60)
+
+    processed = run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (processed.status, processed.outcome, processed.task_id) == (
+        DeliveryStatus.DONE,
+        "created",
+        task.id,
+    )
+    assert task.external_id_settled_at is not None
+    assert link_of(store.sessions, task.id).remote_key == "TES-41"
+    assert delivery(store.sessions, pk).attempts == 2
+
+
+def test_a_task_settled_by_a_run_that_died_before_recording_it_counts_as_created(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "pull_request__opened")
+    run(store, pk)
+    with session_scope(store.sessions) as session:  # as if the last commit never happened
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == pk)
+            .values(status="processing", outcome=None, task_id=None, lease_expires_at=utcnow())
+        )
+
+    processed = run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (processed.status, processed.outcome, processed.task_id) == (
+        DeliveryStatus.DONE,
+        "created",
+        task.id,
+    )
+
+
+def test_a_stale_attempt_cannot_overwrite_the_attempt_that_took_over(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    newer: list[Processed] = []
+
+    def lease_runs_out_and_a_redelivery_takes_over(_task: Task) -> None:
+        expire_lease(store, pk)
+        newer.append(run(store, pk))
+
+    stale = run(
+        store, pk, hooks=CreateHooks(after_insert=lease_runs_out_and_a_redelivery_takes_over)
+    )
+
+    assert (newer[0].status, newer[0].outcome) == (DeliveryStatus.DONE, "created")
+    assert stale.status is None and "taken over" in stale.reason
+    row = delivery(store.sessions, pk)
+    assert (row.status, row.attempts, row.outcome) == ("done", 2, "created")
+    assert "earlier attempt" in row.status_reason  # the newer attempt's record stands
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert task.external_id_settled_at is not None
+
+
+def test_a_task_deleted_before_it_settled_parks_the_delivery(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+
+    def someone_deletes_it(task: Task) -> None:
+        with session_scope(store.sessions) as session:
+            session.execute(delete(Task).where(Task.id == task.id))
+
+    processed = run(store, pk, hooks=CreateHooks(after_insert=someone_deletes_it))
+
+    assert processed.status is DeliveryStatus.NEEDS_OPERATOR
+    assert "deleted before its creation settled" in delivery(store.sessions, pk).status_reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+def database_goes_away() -> None:
+    raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+
+def test_a_database_error_is_retried_then_the_delivery_is_dead_with_the_error(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+    failing = CreateHooks(after_lookup=database_goes_away)
+
+    retried = run(store, pk, hooks=failing, retries=0)
+
+    assert retried.status is DeliveryStatus.PROCESSING and retried.retry_in is not None
+    row = delivery(store.sessions, pk)
+    assert "server closed the connection" in row.last_error
+    assert row.lease_expires_at > utcnow()
+
+    expire_lease(store, pk)
+    dead = run(store, pk, hooks=failing, retries=SETTINGS.database_max_retries)
+
+    assert dead.status is DeliveryStatus.DEAD
+    row = delivery(store.sessions, pk)
+    assert row.status == "dead"
+    assert row.last_error == "OperationalError: server closed the connection"
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+def test_an_unexpected_error_is_dead_not_a_loop(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+
+    def bug() -> None:
+        raise RuntimeError("boom")
+
+    processed = run(store, pk, hooks=CreateHooks(after_lookup=bug))
+
+    assert processed.status is DeliveryStatus.DEAD
+    assert delivery(store.sessions, pk).last_error == "RuntimeError: boom"
+
+
+def test_a_missing_delivery_is_nothing_to_do(store: Store):
+    assert run(store, 12345).status is None
+
+
+# --- the sweeper ------------------------------------------------------------------------
+
+
+def test_the_sweeper_sends_lost_queued_rows_and_expired_leases_after_committing(store: Store):
+    feed = make_feed(store.sessions)
+    lost = store_fixture(store.sessions, feed, "github", "issues__opened")
+    fresh = store_fixture(store.sessions, feed, "github", "pull_request__opened")
+    dead_worker = crashed_create(store, feed)
+    expire_lease(store, dead_worker)
+    with session_scope(store.sessions) as session:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == lost)
+            .values(updated_at=utcnow() - timedelta(minutes=5))
+        )
+    sent: list[int] = []
+
+    with session_scope(store.sessions) as session:
+        swept = sweep(session=session, queued_grace_seconds=60, send=sent.append)
+
+    assert sorted(sent) == sorted(swept) == sorted([lost, dead_worker])
+    assert fresh not in sent
+    for pk in sent:  # what the sweeper sent is processed to the end
+        run(store, pk)
+    assert {delivery(store.sessions, pk).status for pk in sent} == {"done"}
+    assert len(tasks_of(store.sessions, feed.workspace_id)) == 2
+
+
+# --- two runs at the same time ---------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_many_runs_of_one_delivery_at_once_make_one_task(postgres_store: Store):
+    feed = make_feed(postgres_store.sessions)
+    pk = store_fixture(postgres_store.sessions, feed, "jira", "jira_issue_created__cloud")
+    start = threading.Barrier(6)
+    results: list[Processed] = []
+
+    def one_run() -> None:
+        start.wait()
+        results.append(run(postgres_store, pk))
+
+    threads = [threading.Thread(target=one_run) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert sorted(str(result.status) for result in results).count("done") == 1
+    assert len(tasks_of(postgres_store.sessions, feed.workspace_id)) == 1
+    row = delivery(postgres_store.sessions, pk)
+    assert (row.status, row.outcome, row.attempts) == ("done", "created", 1)

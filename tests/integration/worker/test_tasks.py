@@ -1,0 +1,174 @@
+"""The Celery side: the app's at-least-once configuration, and the task bodies run
+eagerly against the ``store`` fixture (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+# Importing the task modules registers their shared tasks with every app.
+import worker.operator
+import worker.tasks  # noqa: F401
+from models.messages import (
+    DELIVERIES_QUEUE,
+    OPERATOR_QUEUE,
+    PROCESS_DELIVERY,
+    RELEASE_IDENTITY,
+    SWEEP,
+)
+from models.settings import Settings
+from tests.conftest import Store
+from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
+from worker import runtime
+from worker.celery_app import make_celery_app
+
+SETTINGS = Settings(
+    broker_url="memory://",
+    result_backend_url="cache+memory://",
+    task_time_limit_seconds=10,
+    lease_seconds=30,
+)
+
+
+@pytest.fixture
+def eager(store: Store) -> Iterator[Celery]:
+    app = make_celery_app(SETTINGS)
+    app.conf.task_always_eager = True
+    runtime.use(sessions=store.sessions, settings=SETTINGS)
+    try:
+        yield app
+    finally:
+        runtime.reset()
+
+
+def test_the_app_is_configured_for_at_least_once_delivery():
+    settings = Settings(
+        broker_url="redis://127.0.0.1:6379/9",
+        task_time_limit_seconds=60,
+        lease_seconds=90,
+        sweep_interval_seconds=15,
+    )
+    conf = make_celery_app(settings).conf
+
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.task_time_limit == 60 and 0 < conf.task_soft_time_limit < 60
+    assert conf.task_serializer == "json" and conf.accept_content == ["json"]
+    assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
+    assert conf.broker_connection_retry_on_startup is True
+    assert conf.broker_url == settings.broker_url
+    assert conf.result_backend == settings.broker_url
+    assert conf.task_routes[PROCESS_DELIVERY] == {"queue": DELIVERIES_QUEUE}
+    assert conf.task_routes[SWEEP] == {"queue": DELIVERIES_QUEUE}
+    assert conf.task_routes[RELEASE_IDENTITY] == {"queue": OPERATOR_QUEUE}
+    (entry,) = conf.beat_schedule.values()
+    assert (entry["task"], entry["schedule"]) == (SWEEP, 15)
+
+
+def test_the_worker_registers_the_three_tasks_by_their_message_names():
+    app = make_celery_app(SETTINGS)
+    app.loader.import_default_modules()
+    assert {PROCESS_DELIVERY, SWEEP, RELEASE_IDENTITY} <= set(app.tasks)
+    assert app.tasks[RELEASE_IDENTITY].ignore_result is False
+    assert app.conf.task_ignore_result is True
+
+
+def test_the_delivery_task_turns_a_delivery_into_its_task(eager: Celery, store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+
+    answer = eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert answer == {
+        "delivery": pk,
+        "status": "done",
+        "outcome": "created",
+        "task_id": task.id,
+        "reason": None,
+        "retry_in": None,
+    }
+    assert eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()["status"] is None
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")
+def test_the_sweep_task_sends_what_it_finds(eager: Celery, store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+    runtime.use(
+        sessions=store.sessions,
+        settings=SETTINGS.model_copy(update={"queued_grace_seconds": 0.000001}),
+    )
+
+    assert eager.tasks[SWEEP].apply().get() == {"sent": 1}
+
+    with eager.connection_for_read() as connection:
+        message = connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5)
+        message.ack()
+    assert message.headers["task"] == PROCESS_DELIVERY
+    assert message.payload[0] == [pk]
+
+
+def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+
+    answer = (
+        eager.tasks[RELEASE_IDENTITY]
+        .apply(args=[feed.workspace_id, "jira:TES-41", "alice", "abandoned import"])
+        .get()
+    )
+
+    assert answer["released"] is True
+    assert (answer["task_id"], answer["identifier"], answer["external_id"]) == (
+        task.id,
+        "ACME-1",
+        "jira:TES-41",
+    )
+    assert store.scalar(
+        "SELECT operator || ':' || reason FROM identity_releases WHERE id = :id",
+        id=answer["audit_id"],
+    ) == ("alice:abandoned import")
+    (released,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (released.external_id, released.external_id_settled_at) == (None, None)
+    assert delivery(store.sessions, pk).status == "done"  # the inbox is left alone
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ((1, "jira:NOPE-1", "alice", "why"), "no task in workspace 1 holds"),
+        ((1, "bad\nid", "alice", "why"), "control character"),
+        ((1, "   ", "alice", "why"), "external_id is required"),
+        ((1, "jira:TES-41", "alice", "  "), "must give a reason"),
+        ((1, "jira:TES-41", "", "why"), "must name its operator"),
+        ((1, "jira:TES-41", None, None), "must name its operator"),
+        (("1", "jira:TES-41", "alice", "why"), "workspace_id must be an integer"),
+        ((1, "jira:TES-41", "alice", 7), "reason must be text"),
+    ],
+)
+def test_a_release_mistake_is_answered_never_raised(eager: Celery, store: Store, arguments, error):
+    feed = make_feed(store.sessions)
+    assert feed.workspace_id == 1
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()
+
+    answer = eager.tasks[RELEASE_IDENTITY].apply(args=list(arguments)).get()
+
+    assert answer["released"] is False
+    assert error in answer["error"]
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert task.external_id == "jira:TES-41"
+    assert store.scalar("SELECT count(*) FROM identity_releases") == 0
+
+
+def test_each_task_lives_in_its_module():
+    app = make_celery_app(SETTINGS)
+    app.loader.import_default_modules()
+    assert app.tasks[RELEASE_IDENTITY].run.__module__ == "worker.operator"
+    assert app.tasks[PROCESS_DELIVERY].run.__module__ == "worker.tasks"
+    assert app.tasks[SWEEP].run.__module__ == "worker.tasks"

@@ -1,0 +1,117 @@
+"""The Celery app: at-least-once delivery, two queues, and the sweeper's schedule.
+
+``celery -A worker worker -Q deliveries,operator`` runs it. Broker, result
+backend and database come from the settings (``TASKHOOK_BROKER_URL``,
+``TASKHOOK_DATABASE_URL``, ...). Nothing connects at import, and the
+configuration itself is read only when Celery first needs it; each worker
+process builds its engine in ``worker_process_init`` (prefork) or on first use.
+
+At least once, and why each knob:
+
+- ``task_acks_late``: a message is acknowledged after its task ran, so a
+  worker that dies mid-task leaves it to be delivered again;
+- ``task_reject_on_worker_lost``: ... including when the pool child is killed;
+- ``worker_prefetch_multiplier=1``: a worker holds one message beyond the one
+  it runs, so a dying worker strands little;
+- a Redis ``visibility_timeout`` above the task time limit (settings check
+  it): a message is not handed to a second worker while the first still runs;
+- the sweeper (beat) re-sends what the broker lost altogether.
+
+Running twice is harmless by construction (``worker.processing``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from models.messages import (
+    DELIVERIES_QUEUE,
+    OPERATOR_QUEUE,
+    PROCESS_DELIVERY,
+    RELEASE_IDENTITY,
+    SWEEP,
+)
+from models.settings import Settings, get_settings
+from worker import runtime
+
+#: The modules whose tasks a worker registers (imported by the worker, not here).
+TASK_MODULES = ("worker.tasks", "worker.operator")
+
+#: Every message by name to its queue. Senders may not have the task imported
+#: (the ingress, the CLI), so routing is by name.
+TASK_ROUTES = {
+    PROCESS_DELIVERY: {"queue": DELIVERIES_QUEUE},
+    SWEEP: {"queue": DELIVERIES_QUEUE},
+    RELEASE_IDENTITY: {"queue": OPERATOR_QUEUE},
+}
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration for ``settings``."""
+    time_limit = settings.task_time_limit_seconds
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": settings.broker_transport_options(),
+        "broker_connection_retry_on_startup": True,
+        "result_backend": settings.result_backend(),
+        # Only the operator's tasks leave a result (for the CLI); a result per
+        # delivery would be a write per delivery that nobody reads.
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # On a lost broker connection, stop late-acked tasks: their messages
+        # come back, and a second run is harmless.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_time_limit": time_limit,
+        # The soft limit raises inside the task, which retries it like a
+        # database error; the hard limit kills what ignores it.
+        "task_soft_time_limit": time_limit * 0.9,
+        "task_routes": TASK_ROUTES,
+        "task_default_queue": DELIVERIES_QUEUE,
+        "beat_schedule": {
+            "sweep-the-inbox": {
+                "task": SWEEP,
+                "schedule": settings.sweep_interval_seconds,
+                # A sweep that waited a whole interval in the queue is stale:
+                # the next one is already on its way.
+                "options": {"expires": settings.sweep_interval_seconds},
+            }
+        },
+        "enable_utc": True,
+        "timezone": "UTC",
+    }
+
+
+def make_celery_app(settings: Settings | None = None) -> Celery:
+    """A Celery app for ``settings`` (the process's settings when None).
+
+    The configuration is a promise Celery keeps on first use, so building the
+    app reads no settings and creates no broker folders.
+    """
+    app = Celery("taskhook", include=list(TASK_MODULES), set_as_current=settings is None)
+    app.add_defaults(lambda: celery_config(settings or get_settings()))
+    return app
+
+
+@worker_process_init.connect
+def _build_engine_in_the_child(**_: object) -> None:
+    # After the fork: drop (without closing) anything inherited from the
+    # parent, then connect from this process.
+    runtime.reset(close=False)
+    runtime.sessions()
+
+
+@worker_process_shutdown.connect
+def _dispose_engine(**_: object) -> None:
+    runtime.reset()
+
+
+app = make_celery_app()

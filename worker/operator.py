@@ -1,0 +1,84 @@
+"""Operator-only tasks, consumed from the ``operator`` queue by their own worker.
+
+Releasing an external identity frees it without deleting its task, so that a
+later create makes a new task. Only a person decides that (seed 000: "must
+not be automated"), so it is reachable only from operator surfaces -- the
+CLI now, the REST release route for operator tokens later -- and never from a
+webhook handler or a delivery task. ``tests/integration/worker/
+test_release_boundary.py`` walks their imports to keep it so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from sqlalchemy.orm import Session
+
+from models.db import session_scope
+from models.errors import InvalidRelease, TaskNotFound
+from models.external_id import InvalidExternalId
+from models.messages import RELEASE_IDENTITY
+from models.tables import Task
+from models.tasks import release_external_id
+from worker import runtime
+
+
+def release_identity(
+    *, session: Session, workspace_id: object, external_id: object, operator: object, reason: object
+) -> dict[str, Any]:
+    """Release the identity and write its audit row, in the caller's unit of work.
+
+    Returns a JSON-able answer either way: ``{"released": true, ...}`` with the
+    task and the audit row, or ``{"released": false, "error": ...}`` for a
+    caller's mistake (no operator or reason, an invalid external id, nothing
+    holding it). Database failures raise: they are not the caller's mistake.
+    """
+    if isinstance(workspace_id, bool) or not isinstance(workspace_id, int):
+        return _refused("workspace_id must be an integer")
+    for name, value in (("operator", operator), ("reason", reason)):
+        if value is not None and not isinstance(value, str):
+            return _refused(f"{name} must be text")
+    try:
+        audit = release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=external_id,
+            operator=operator or "",
+            reason=reason or "",
+        )
+    except (InvalidRelease, InvalidExternalId) as error:
+        return _refused(str(error))
+    except TaskNotFound:
+        return _refused(f"no task in workspace {workspace_id} holds external id {external_id!r}")
+    task = session.get(Task, audit.task_id)
+    return {
+        "released": True,
+        "workspace_id": audit.workspace_id,
+        "external_id": audit.external_id,
+        "task_id": audit.task_id,
+        "identifier": task.identifier if task is not None else None,
+        "audit_id": audit.id,
+        "operator": audit.operator,
+        "reason": audit.reason,
+        "released_at": audit.released_at.isoformat(),
+    }
+
+
+def _refused(error: str) -> dict[str, Any]:
+    return {"released": False, "error": error}
+
+
+@shared_task(name=RELEASE_IDENTITY, ignore_result=False)
+def release_identity_task(
+    workspace_id: int, external_id: str, operator: str, reason: str
+) -> dict[str, Any]:
+    """RELEASE_IDENTITY(workspace_id, external_id, operator, reason) on the operator queue."""
+    with session_scope(runtime.sessions()) as session:
+        return release_identity(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=external_id,
+            operator=operator,
+            reason=reason,
+        )

@@ -1,0 +1,520 @@
+"""What the worker does with one stored delivery: the service behind PROCESS_DELIVERY.
+
+Celery-free, so the integration tests drive it directly on SQLite and
+PostgreSQL. The task body in ``worker.tasks`` opens one session scope, calls
+:func:`process_delivery` and, when the answer asks for it, sends the delivery
+again after ``retry_in`` seconds.
+
+A delivery's run, in order:
+
+1. claim the inbox row with a lease (a new attempt number); nothing to do when
+   it is finished or another worker holds it;
+2. parse the body with the source's provider adapter; an event the source
+   does not create tasks for is ``ignored``, a body the adapter cannot use is
+   ``dead`` -- never a retry loop;
+3. ``create_task`` with the draft's external id, recording this delivery as
+   the task's creator;
+4. record the outcome and the task on the row, fenced by the attempt number,
+   so a worker whose lease was taken over cannot overwrite the newer record.
+
+Safe to run twice at once for the same delivery: the claim lets one run in
+at a time, fencing drops the writes of a run whose lease was taken over, and
+the create is idempotent by external id, so a second run finds the first
+run's task (and may finish it, because the task names this delivery as its
+creator -- seed 000 lets a create finish its own work, never another's).
+
+How each answer of the task store ends (``retries`` is how many times the
+message has been retried so far; each kind of retry stops at its own limit):
+
+==========================================  ===========================================
+Created, CreatedIdentityLost, FoundSettled  ``done``
+FoundUnsettled, created by this delivery    finish that create (idempotent), ``done``
+FoundUnsettled, another caller's create     retry; past ``unsettled_max_retries``
+                                            ``needs_operator``, naming the holder
+WipLimitReached                             the intake step may drain: retry like the
+                                            above, then ``needs_operator``
+TaskNotFound (deleted before it settled)    ``needs_operator``: someone deleted the task
+                                            this delivery was creating; recreating it
+                                            is a person's call (replay)
+WorkspaceMisconfigured                      ``needs_operator``: fix the workflow, replay
+InvalidTask, InvalidExternalId,             ``dead``: the same body fails the same way
+WorkspaceNotAccessible                      every time (the source's workspace is gone)
+unsupported body or content type            ``dead``
+database error (``TRANSIENT_ERRORS``)       retry; past ``database_max_retries`` ``dead``
+                                            with the error in ``last_error``
+anything else (a bug)                       ``dead`` with the error: a poison message
+                                            must not come back every lease period
+==========================================  ===========================================
+
+The worker never releases an identity: release is an operator's decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.orm import Session
+
+from ingest import github, jira
+from ingest.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
+from models.access import Caller
+from models.errors import (
+    InvalidTask,
+    TaskNotFound,
+    WipLimitReached,
+    WorkspaceMisconfigured,
+    WorkspaceNotAccessible,
+)
+from models.external_id import InvalidExternalId
+from models.inbox import DeliveryStatus, Lease, claim, defer, finish
+from models.settings import Settings
+from models.tables import Delivery, Task, WebhookSource, utcnow
+from models.tasks import CreateHooks, CreateOutcome, complete_creation, create_task
+from worker.failpoints import AFTER_INSERT, AFTER_SETTLE, BEFORE_SETTLE, failpoint
+
+log = logging.getLogger(__name__)
+
+#: Errors of the database itself (connection lost, deadlock, pool exhausted):
+#: worth retrying. The task store's own errors are decided case by case above.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, PoolTimeoutError)
+
+#: A retry's message is due this long after its deferred lease ends, so its
+#: claim finds the lease over rather than still held (clocks of two hosts may
+#: differ by a little; a claim that comes too early would drop the message and
+#: leave the delivery to the sweeper).
+RETRY_ETA_MARGIN_SECONDS = 0.5
+
+#: How much of an error's text is kept on the row.
+_MAX_ERROR_CHARS = 500
+
+_random = random.Random()
+
+
+@dataclass(frozen=True)
+class Processed:
+    """What one run did to one delivery."""
+
+    delivery_pk: int
+    #: The state this run recorded; None when it recorded nothing (the
+    #: delivery was finished, held by another worker, or taken over).
+    status: DeliveryStatus | None
+    outcome: str | None = None
+    task_id: int | None = None
+    reason: str | None = None
+    #: Send the delivery again after this many seconds (a retry); None: do not.
+    retry_in: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "delivery": self.delivery_pk,
+            "status": None if self.status is None else self.status.value,
+            "outcome": self.outcome,
+            "task_id": self.task_id,
+            "reason": self.reason,
+            "retry_in": self.retry_in,
+        }
+
+
+# --- retries -------------------------------------------------------------------------
+
+
+def backoff_seconds(retries: int, *, settings: Settings, rng: random.Random = _random) -> float:
+    """The wait before retry number ``retries + 1``: exponential, with jitter.
+
+    The ceiling doubles from ``retry_base_seconds`` with each retry, up to
+    ``retry_max_seconds``; the wait is drawn uniformly between half the
+    ceiling and the ceiling ("equal jitter"), so deliveries that collided
+    once spread out, and none retries sooner than half the ceiling.
+    """
+    ceiling = min(settings.retry_max_seconds, settings.retry_base_seconds * 2 ** min(retries, 64))
+    return rng.uniform(ceiling / 2, ceiling)
+
+
+def next_retry(
+    retries: int, *, limit: int, settings: Settings, rng: random.Random = _random
+) -> float | None:
+    """The wait before the next retry, or None when ``limit`` retries were spent."""
+    if retries >= limit:
+        return None
+    return backoff_seconds(retries, settings=settings, rng=rng)
+
+
+# --- parsing -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Work:
+    """The claimed delivery and its source, copied out of the ORM: the task
+    store rolls its session back on some paths, which would expire them."""
+
+    delivery_pk: int
+    event: str
+    body: bytes
+    content_type: str | None
+    source_slug: str
+    provider: str
+    workspace_id: int
+    create_events: frozenset[str]
+    site_url: str | None
+
+
+def draft_of(
+    *, provider: str, event: str, content_type: str | None, body: bytes, site_url: str | None
+) -> TaskDraft:
+    """The TaskDraft a stored delivery describes, parsed by its provider's adapter.
+
+    Raises :class:`UnsupportedPayload` or :class:`UnsupportedContentType`.
+    """
+    if provider == github.PROVIDER:
+        return github.to_draft(event, github.decode_body(content_type, body))
+    if provider == jira.PROVIDER:
+        return jira.to_draft(event, jira.decode_body(content_type, body), site=site_url)
+    raise UnsupportedPayload(f"no adapter for provider {provider!r}")
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+def _failpoint_hooks() -> CreateHooks:
+    def after_insert(_task: Task) -> None:
+        failpoint(AFTER_INSERT)
+        failpoint(BEFORE_SETTLE)
+
+    return CreateHooks(after_insert=after_insert)
+
+
+FAILPOINT_HOOKS = _failpoint_hooks()
+
+
+def process_delivery(
+    *,
+    session: Session,
+    delivery_pk: int,
+    settings: Settings,
+    retries: int = 0,
+    hooks: CreateHooks = FAILPOINT_HOOKS,
+    transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
+    rng: random.Random = _random,
+) -> Processed:
+    """Turn the stored delivery into its task, once; see the module docstring.
+
+    ``session`` is the caller's unit of work: this function commits where the
+    contract needs a write durable before the next step (the claim, and the
+    task store's own two commits) and leaves the last write to the caller's
+    commit. ``transient`` are the errors worth retrying.
+    """
+    lease: Lease | None = None  # set once the claim has committed
+    try:
+        claimed = claim(
+            session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds
+        )
+        if claimed is None:
+            return Processed(delivery_pk, None, reason="finished, or held by another worker")
+        work = _load(session, claimed)
+        # The lease must be durable before the create: the task store rolls
+        # this session back on some paths (a lost insert race, a full WIP
+        # step), which would silently undo an uncommitted claim.
+        session.commit()
+        lease = claimed
+        return _run(session, lease, work, settings, retries, hooks, rng)
+    except transient as error:
+        session.rollback()
+        return _after_transient_error(
+            session, delivery_pk, lease, error, settings, retries, rng, transient
+        )
+    except Exception as error:
+        session.rollback()
+        if lease is None:
+            raise
+        # Not a database hiccup: a bug or a body nobody foresaw. Retrying would
+        # fail the same way, and the sweeper would send it back every lease
+        # period, so it is parked dead with the error for a person to read.
+        log.exception("delivery %s failed unexpectedly; marking it dead", delivery_pk)
+        return _finish(
+            session,
+            lease,
+            DeliveryStatus.DEAD,
+            reason="unexpected error while processing; see last_error",
+            error=_describe(error),
+        )
+
+
+def _load(session: Session, lease: Lease) -> _Work:
+    delivery, source = session.execute(
+        select(Delivery, WebhookSource)
+        .join(WebhookSource, WebhookSource.id == Delivery.source_id)
+        .where(Delivery.id == lease.delivery_pk)
+    ).one()
+    return _Work(
+        delivery_pk=delivery.id,
+        event=delivery.event,
+        body=delivery.body,
+        content_type=delivery.content_type,
+        source_slug=source.slug,
+        provider=source.provider,
+        workspace_id=source.workspace_id,
+        create_events=frozenset(source.create_events),
+        site_url=source.site_url,
+    )
+
+
+def _run(
+    session: Session,
+    lease: Lease,
+    work: _Work,
+    settings: Settings,
+    retries: int,
+    hooks: CreateHooks,
+    rng: random.Random,
+) -> Processed:
+    # Checked here as well as at the ingress: the source's events may have
+    # changed since the delivery was stored.
+    if work.event not in work.create_events:
+        reason = f"{work.event} does not create tasks for source {work.source_slug}"
+        return _finish(session, lease, DeliveryStatus.IGNORED, reason=reason)
+
+    try:
+        draft = draft_of(
+            provider=work.provider,
+            event=work.event,
+            content_type=work.content_type,
+            body=work.body,
+            site_url=work.site_url,
+        )
+    except (UnsupportedPayload, UnsupportedContentType) as error:
+        return _finish(session, lease, DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
+
+    new = replace(draft.new_task(), created_by_delivery=work.delivery_pk)
+    try:
+        result = create_task(
+            session=session,
+            caller=Caller.trusted(f"delivery {work.delivery_pk}"),
+            workspace_id=work.workspace_id,
+            new=new,
+            hooks=hooks,
+        )
+    except (InvalidTask, InvalidExternalId, WorkspaceNotAccessible) as error:
+        session.rollback()
+        return _finish(session, lease, DeliveryStatus.DEAD, reason=f"cannot become a task: {error}")
+    except WorkspaceMisconfigured as error:
+        session.rollback()
+        return _finish(session, lease, DeliveryStatus.NEEDS_OPERATOR, reason=str(error))
+    except WipLimitReached as error:
+        session.rollback()
+        return _wait_or_park(
+            session,
+            lease,
+            why=f"workspace {work.workspace_id}: {error}",
+            outcome=None,
+            task_id=None,
+            retries=retries,
+            settings=settings,
+            rng=rng,
+        )
+    except TaskNotFound:
+        session.rollback()
+        return _deleted_while_creating(session, lease, draft)
+
+    holder = result.task
+    if result.outcome is CreateOutcome.FOUND_UNSETTLED:
+        if holder.created_by_delivery == work.delivery_pk:
+            return _finish_own_create(session, lease, holder, draft)
+        return _wait_or_park(
+            session,
+            lease,
+            why=_held_by(holder),
+            outcome=result.outcome.value,
+            task_id=holder.id,
+            retries=retries,
+            settings=settings,
+            rng=rng,
+        )
+
+    outcome = result.outcome
+    reason = None
+    if outcome is CreateOutcome.FOUND_SETTLED and holder.created_by_delivery == work.delivery_pk:
+        # An earlier attempt of this very delivery created and settled the task,
+        # then died before recording it: the outcome is that attempt's.
+        outcome = CreateOutcome.CREATED
+        reason = "an earlier attempt of this delivery created the task"
+    elif outcome is CreateOutcome.CREATED_IDENTITY_LOST:
+        reason = f"created {holder.identifier}, but {draft.external_id!r} was released meanwhile"
+    if not outcome.deduplicated:
+        failpoint(AFTER_SETTLE)
+    return _finish(
+        session, lease, DeliveryStatus.DONE, outcome=outcome.value, task_id=holder.id, reason=reason
+    )
+
+
+def _finish_own_create(session: Session, lease: Lease, holder: Task, draft: TaskDraft) -> Processed:
+    """Steps 6-8 again for the task an earlier attempt of this delivery inserted."""
+    task_id = holder.id
+    failpoint(BEFORE_SETTLE)
+    try:
+        completed = complete_creation(session=session, task=holder, source=draft.new_task().source)
+    except TaskNotFound:
+        session.rollback()
+        return _deleted_while_creating(session, lease, draft)
+    failpoint(AFTER_SETTLE)
+    return _finish(
+        session,
+        lease,
+        DeliveryStatus.DONE,
+        outcome=completed.outcome.value,
+        task_id=task_id,
+        reason="finished the create an earlier attempt of this delivery left unsettled",
+    )
+
+
+def _deleted_while_creating(session: Session, lease: Lease, draft: TaskDraft) -> Processed:
+    # Creating it again would undo someone's delete; a person decides (replay).
+    reason = (
+        f"the task for {draft.external_id!r} was deleted before its creation settled; "
+        "replay the delivery to create it again"
+    )
+    return _finish(session, lease, DeliveryStatus.NEEDS_OPERATOR, reason=reason)
+
+
+def _held_by(holder: Task) -> str:
+    creator = (
+        f"delivery {holder.created_by_delivery}"
+        if holder.created_by_delivery is not None
+        else "a caller outside the webhook inbox"
+    )
+    return (
+        f"{holder.external_id!r} is held by unsettled task {holder.identifier} "
+        f"(id {holder.id}), whose create by {creator} has not finished"
+    )
+
+
+def _wait_or_park(
+    session: Session,
+    lease: Lease,
+    *,
+    why: str,
+    outcome: str | None,
+    task_id: int | None,
+    retries: int,
+    settings: Settings,
+    rng: random.Random,
+) -> Processed:
+    """Retry later while the obstacle may clear; past the limit, park for a person."""
+    limit = settings.unsettled_max_retries
+    delay = next_retry(retries, limit=limit, settings=settings, rng=rng)
+    if delay is None:
+        log.warning("delivery %s needs an operator: %s", lease.delivery_pk, why)
+        return _finish(
+            session,
+            lease,
+            DeliveryStatus.NEEDS_OPERATOR,
+            outcome=outcome,
+            task_id=task_id,
+            reason=f"{why}; still so after {retries} retries",
+        )
+    reason = f"waiting: {why}; retry {retries + 1} of {limit} in {delay:.1f} s"
+    # Hold the lease until the retry is due, so the sweeper does not send the
+    # delivery early and no other claim takes it meanwhile.
+    until = utcnow() + timedelta(seconds=delay)
+    if not defer(session=session, lease=lease, until=until, reason=reason):
+        return _taken_over(lease)
+    return Processed(
+        lease.delivery_pk,
+        DeliveryStatus.PROCESSING,
+        outcome=outcome,
+        task_id=task_id,
+        reason=reason,
+        retry_in=delay + RETRY_ETA_MARGIN_SECONDS,
+    )
+
+
+def _after_transient_error(
+    session: Session,
+    delivery_pk: int,
+    lease: Lease | None,
+    error: BaseException,
+    settings: Settings,
+    retries: int,
+    rng: random.Random,
+    transient: tuple[type[BaseException], ...],
+) -> Processed:
+    summary = _describe(error)
+    limit = settings.database_max_retries
+    delay = next_retry(retries, limit=limit, settings=settings, rng=rng)
+    if delay is None:
+        # Given up: dead, with the error kept. Should the database still be
+        # down, this raises, and the row waits for the sweeper instead.
+        log.error("delivery %s: database error after %s retries: %s", delivery_pk, retries, summary)
+        lease = lease or claim(
+            session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds
+        )
+        if lease is None:
+            return Processed(delivery_pk, None, reason="finished, or held by another worker")
+        return _finish(
+            session,
+            lease,
+            DeliveryStatus.DEAD,
+            reason=f"database errors, {retries} retries spent",
+            error=summary,
+        )
+
+    log.warning("delivery %s: database error, retry in %.1f s: %s", delivery_pk, delay, summary)
+    reason = f"database error; retry {retries + 1} of {limit} in {delay:.1f} s"
+    if lease is not None:
+        until = utcnow() + timedelta(seconds=delay)
+        try:  # best effort: the database may well still be down
+            defer(session=session, lease=lease, until=until, error=summary, reason=reason)
+            session.commit()
+        except transient:
+            session.rollback()
+    return Processed(
+        delivery_pk,
+        DeliveryStatus.PROCESSING,
+        reason=f"{reason}: {summary}",
+        retry_in=delay + RETRY_ETA_MARGIN_SECONDS,
+    )
+
+
+def _finish(
+    session: Session,
+    lease: Lease,
+    status: DeliveryStatus,
+    *,
+    outcome: str | None = None,
+    task_id: int | None = None,
+    reason: str | None = None,
+    error: str | None = None,
+) -> Processed:
+    recorded = finish(
+        session=session,
+        lease=lease,
+        status=status,
+        outcome=outcome,
+        task_id=task_id,
+        reason=reason,
+        error=error,
+    )
+    if not recorded:
+        return _taken_over(lease)
+    return Processed(lease.delivery_pk, status, outcome=outcome, task_id=task_id, reason=reason)
+
+
+def _taken_over(lease: Lease) -> Processed:
+    log.info("delivery %s: attempt %s was taken over", lease.delivery_pk, lease.attempt)
+    return Processed(
+        lease.delivery_pk,
+        None,
+        reason=f"attempt {lease.attempt} was taken over by a newer one, whose record stands",
+    )
+
+
+def _describe(error: BaseException) -> str:
+    # The first line only: SQLAlchemy appends the statement and its parameters.
+    detail = str(getattr(error, "orig", None) or error).strip().splitlines()
+    text = f"{type(error).__name__}: {detail[0] if detail else ''}".strip()
+    return text[:_MAX_ERROR_CHARS]
