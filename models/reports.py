@@ -1,0 +1,504 @@
+"""Read-only answers for operators: what is in the inbox, and what happened to an identity.
+
+The ``taskhook`` CLI prints these, and the runbook (``docs/runbook.md``) is
+written in their terms. Nothing here writes: every function takes a
+keyword-only ``session`` and only selects, so a report never changes what it
+reports on. Results are frozen dataclasses of plain values (no ORM objects),
+ready for a table or for JSON.
+
+No report ever carries a signing secret or a signature header: sources report
+how many active secrets they have, and a delivery's stored headers (already an
+allowlist at the ingress) are filtered again here before they are shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from models.errors import WorkspaceNotAccessible
+from models.external_id import InvalidExternalId, normalize_external_id
+from models.inbox import DeliveryNotFound, DeliveryStatus, counts_by_status, oldest_queued_at
+from models.tables import (
+    Delivery,
+    IdentityRelease,
+    SourceSecret,
+    Task,
+    TaskSource,
+    WebhookSource,
+    Workspace,
+    utcnow,
+)
+
+#: Header names never shown, whatever the ingress's allowlist let through:
+#: a signature is an oracle for the secret, the others are credentials.
+_HIDDEN_HEADER_WORDS = ("signature", "authorization", "cookie", "token", "secret")
+
+#: The most deliveries one page may hold.
+MAX_PAGE = 500
+
+
+# --- workspaces and sources ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkspaceSummary:
+    id: int
+    slug: str
+    name: str
+    task_prefix: str
+    tasks: int
+    sources: int
+    created_at: datetime
+
+
+def get_workspace(*, session: Session, slug: str) -> Workspace:
+    """The workspace with this slug; :class:`WorkspaceNotAccessible` when none has it."""
+    workspace = session.scalar(select(Workspace).where(Workspace.slug == slug))
+    if workspace is None:
+        raise WorkspaceNotAccessible(repr(slug))
+    return workspace
+
+
+def list_workspaces(*, session: Session) -> list[WorkspaceSummary]:
+    tasks = (
+        select(Task.workspace_id, func.count().label("n")).group_by(Task.workspace_id).subquery()
+    )
+    sources = (
+        select(WebhookSource.workspace_id, func.count().label("n"))
+        .group_by(WebhookSource.workspace_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Workspace, func.coalesce(tasks.c.n, 0), func.coalesce(sources.c.n, 0))
+        .outerjoin(tasks, tasks.c.workspace_id == Workspace.id)
+        .outerjoin(sources, sources.c.workspace_id == Workspace.id)
+        .order_by(Workspace.slug)
+    ).all()
+    return [
+        WorkspaceSummary(
+            id=workspace.id,
+            slug=workspace.slug,
+            name=workspace.name,
+            task_prefix=workspace.task_prefix,
+            tasks=task_count,
+            sources=source_count,
+            created_at=workspace.created_at,
+        )
+        for workspace, task_count, source_count in rows
+    ]
+
+
+@dataclass(frozen=True)
+class SourceSummary:
+    """A source as operators see it. Its secrets are counted, never shown."""
+
+    id: int
+    slug: str
+    provider: str
+    workspace: str
+    create_events: tuple[str, ...]
+    site_url: str | None
+    enabled: bool
+    active_secrets: int
+    created_at: datetime
+
+
+def list_source_summaries(*, session: Session) -> list[SourceSummary]:
+    active = (
+        select(SourceSecret.source_id, func.count().label("n"))
+        .where(SourceSecret.retired_at.is_(None))
+        .group_by(SourceSecret.source_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(WebhookSource, Workspace.slug, func.coalesce(active.c.n, 0))
+        .join(Workspace, Workspace.id == WebhookSource.workspace_id)
+        .outerjoin(active, active.c.source_id == WebhookSource.id)
+        .order_by(WebhookSource.slug)
+    ).all()
+    return [
+        SourceSummary(
+            id=source.id,
+            slug=source.slug,
+            provider=source.provider,
+            workspace=workspace_slug,
+            create_events=tuple(sorted(source.create_events)),
+            site_url=source.site_url,
+            enabled=source.enabled,
+            active_secrets=secret_count,
+            created_at=source.created_at,
+        )
+        for source, workspace_slug, secret_count in rows
+    ]
+
+
+# --- deliveries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeliverySummary:
+    """One inbox row without its body or headers."""
+
+    id: int
+    source: str
+    provider: str
+    delivery_id: str
+    event: str
+    status: str
+    attempts: int
+    outcome: str | None
+    task_id: int | None
+    #: The identifier (``ACME-12``) of ``task_id``, while that task exists.
+    task_identifier: str | None
+    received_at: datetime
+    updated_at: datetime
+    status_reason: str | None
+    last_error: str | None
+    #: While processing: when the worker's lease runs out (then the sweeper re-sends it).
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeliveryPage:
+    deliveries: list[DeliverySummary]
+    #: Pass as ``before`` for the next (older) page; None on the last page.
+    next_before: int | None
+
+
+@dataclass(frozen=True)
+class DeliveryDetail:
+    summary: DeliverySummary
+    hook_id: str | None
+    content_type: str | None
+    action: str | None
+    body_bytes: int
+    body_sha256: str
+    #: The stored allowlist, minus anything that could be a signature or a credential.
+    headers: dict[str, str]
+    payload_mismatches: int
+    workspace: str
+
+
+def _summary_query():
+    return (
+        select(Delivery, WebhookSource.slug, WebhookSource.provider, Task.identifier)
+        .join(WebhookSource, WebhookSource.id == Delivery.source_id)
+        .outerjoin(Task, Task.id == Delivery.task_id)
+    )
+
+
+def _summary(delivery: Delivery, source: str, provider: str, identifier: str | None):
+    return DeliverySummary(
+        id=delivery.id,
+        source=source,
+        provider=provider,
+        delivery_id=delivery.delivery_id,
+        event=delivery.event,
+        status=delivery.status,
+        attempts=delivery.attempts,
+        outcome=delivery.outcome,
+        task_id=delivery.task_id,
+        task_identifier=identifier,
+        received_at=delivery.received_at,
+        updated_at=delivery.updated_at,
+        status_reason=delivery.status_reason,
+        last_error=delivery.last_error,
+        lease_expires_at=delivery.lease_expires_at,
+    )
+
+
+def list_deliveries(
+    *,
+    session: Session,
+    status: DeliveryStatus | str | None = None,
+    limit: int = 50,
+    before: int | None = None,
+) -> DeliveryPage:
+    """Deliveries newest first, optionally of one status, one page at a time.
+
+    Paging is by key (``before`` = the smallest id already seen), so a page
+    stays correct while new deliveries arrive at the top.
+    """
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be between 1 and {MAX_PAGE}")
+    query = _summary_query()
+    if status is not None:
+        query = query.where(Delivery.status == DeliveryStatus(status).value)
+    if before is not None:
+        query = query.where(Delivery.id < before)
+    # One extra row says whether another page exists without a COUNT.
+    rows = session.execute(query.order_by(Delivery.id.desc()).limit(limit + 1)).all()
+    page = [_summary(*row) for row in rows[:limit]]
+    return DeliveryPage(page, page[-1].id if len(rows) > limit else None)
+
+
+def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
+    row = session.execute(
+        _summary_query()
+        .add_columns(Workspace.slug)
+        .join(Workspace, Workspace.id == WebhookSource.workspace_id)
+        .where(Delivery.id == delivery_pk)
+    ).one_or_none()
+    if row is None:
+        raise DeliveryNotFound(delivery_pk)
+    delivery, source, provider, identifier, workspace = row
+    return DeliveryDetail(
+        summary=_summary(delivery, source, provider, identifier),
+        hook_id=delivery.hook_id,
+        content_type=delivery.content_type,
+        action=delivery.action,
+        body_bytes=len(delivery.body),
+        body_sha256=delivery.body_sha256,
+        headers=shown_headers(delivery.headers or {}),
+        payload_mismatches=delivery.payload_mismatches,
+        workspace=workspace,
+    )
+
+
+def shown_headers(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` without any that could carry a signature or a credential."""
+    return {
+        name: value
+        for name, value in sorted(headers.items())
+        if not any(word in name.lower() for word in _HIDDEN_HEADER_WORDS)
+    }
+
+
+# --- an identity's lineage -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskView:
+    id: int
+    identifier: str
+    title: str
+    #: The identity the task holds now; None once it was released.
+    external_id: str | None
+    settled_at: datetime | None
+    archived_at: datetime | None
+    created_at: datetime
+    created_by_delivery: int | None
+    source_url: str | None
+
+    @property
+    def settled(self) -> bool:
+        return self.settled_at is not None
+
+    @property
+    def archived(self) -> bool:
+        return self.archived_at is not None
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    id: int
+    task_id: int
+    operator: str
+    reason: str
+    released_at: datetime
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Everything the store knows about one external id in one workspace."""
+
+    workspace_id: int
+    workspace: str
+    external_id: str
+    #: The task holding the identity now, settled or not, archived or not.
+    holder: TaskView | None
+    #: Tasks that held it before an operator released it (oldest first).
+    former_holders: list[TaskView]
+    releases: list[ReleaseView]
+    #: Every delivery that touched one of these tasks (oldest first).
+    deliveries: list[DeliverySummary]
+
+    @property
+    def known(self) -> bool:
+        return self.holder is not None or bool(self.releases)
+
+    def creator_of(self, task: TaskView) -> DeliverySummary | None:
+        """The delivery whose create inserted ``task``: the only one that may finish
+        that create. None for a task created otherwise (through the REST API)."""
+        return next((d for d in self.deliveries if d.id == task.created_by_delivery), None)
+
+    def deliveries_of(self, task_id: int) -> list[DeliverySummary]:
+        creators = {
+            task.created_by_delivery
+            for task in [self.holder, *self.former_holders]
+            if task is not None and task.id == task_id
+        }
+        return [d for d in self.deliveries if d.task_id == task_id or d.id in creators]
+
+
+@dataclass(frozen=True)
+class LineageEvent:
+    at: datetime
+    what: str
+    detail: str
+
+
+def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Lineage:
+    """The task holding ``external_id`` in the workspace, the tasks that held it
+    before a release, the releases, and every delivery that touched those tasks.
+
+    A delivery touched a task when its recorded outcome names the task
+    (``deliveries.task_id``) or when it is the delivery whose create inserted
+    the task (``tasks.created_by_delivery``) -- the second catches a create that
+    died between its insert and recording its outcome, which is exactly the
+    case an operator is asked about. Raises :class:`WorkspaceNotAccessible`
+    and :class:`InvalidExternalId` (with its reason).
+    """
+    workspace = get_workspace(session=session, slug=workspace_slug)
+    normalized = normalize_external_id(external_id)
+    if normalized is None:
+        raise InvalidExternalId("external_id is required")
+
+    holder = session.scalar(
+        select(Task).where(Task.workspace_id == workspace.id, Task.external_id == normalized)
+    )
+    releases = [
+        ReleaseView(r.id, r.task_id, r.operator, r.reason, r.released_at)
+        for r in session.scalars(
+            select(IdentityRelease)
+            .where(
+                IdentityRelease.workspace_id == workspace.id,
+                IdentityRelease.external_id == normalized,
+            )
+            .order_by(IdentityRelease.released_at, IdentityRelease.id)
+        )
+    ]
+    former_ids = [r.task_id for r in releases if holder is None or r.task_id != holder.id]
+    former = (
+        list(
+            session.scalars(
+                select(Task).where(Task.id.in_(former_ids)).order_by(Task.created_at, Task.id)
+            )
+        )
+        if former_ids
+        else []
+    )
+    tasks = ([holder] if holder is not None else []) + former
+    links = _source_urls(session, [task.id for task in tasks])
+    views = {task.id: _task_view(task, links.get(task.id)) for task in tasks}
+
+    deliveries: list[DeliverySummary] = []
+    touched_ids = list({*views, *former_ids})
+    creators = [task.created_by_delivery for task in tasks if task.created_by_delivery]
+    if touched_ids:
+        touched = Delivery.task_id.in_(touched_ids)
+        if creators:
+            touched = or_(touched, Delivery.id.in_(creators))
+        deliveries = [
+            _summary(*row)
+            for row in session.execute(
+                _summary_query()
+                .where(touched, WebhookSource.workspace_id == workspace.id)
+                .order_by(Delivery.received_at, Delivery.id)
+            )
+        ]
+    return Lineage(
+        workspace_id=workspace.id,
+        workspace=workspace.slug,
+        external_id=normalized,
+        holder=views[holder.id] if holder is not None else None,
+        former_holders=[views[task.id] for task in former],
+        releases=releases,
+        deliveries=deliveries,
+    )
+
+
+def _source_urls(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
+    if not task_ids:
+        return {}
+    return dict(
+        session.execute(
+            select(TaskSource.task_id, TaskSource.url).where(TaskSource.task_id.in_(task_ids))
+        ).all()
+    )
+
+
+def _task_view(task: Task, source_url: str | None) -> TaskView:
+    return TaskView(
+        id=task.id,
+        identifier=task.identifier,
+        title=task.title,
+        external_id=task.external_id,
+        settled_at=task.external_id_settled_at,
+        archived_at=task.archived_at,
+        created_at=task.created_at,
+        created_by_delivery=task.created_by_delivery,
+        source_url=source_url,
+    )
+
+
+def timeline(found: Lineage) -> list[LineageEvent]:
+    """The lineage as delivery -> outcome -> task events, oldest first.
+
+    A delivery's outcome is stamped with the row's last update, the closest
+    time the inbox keeps for it.
+    """
+    events: list[tuple[datetime, int, LineageEvent]] = []
+
+    def add(at: datetime | None, order: int, what: str, detail: str) -> None:
+        if at is not None:
+            events.append((at, order, LineageEvent(at, what, detail)))
+
+    tasks = [t for t in [found.holder, *found.former_holders] if t is not None]
+    names = {task.id: task.identifier for task in tasks}
+    for d in found.deliveries:
+        add(
+            d.received_at, 0, f"delivery {d.id} received", f"{d.provider} {d.delivery_id} {d.event}"
+        )
+        task = (
+            names.get(d.task_id) or d.task_identifier or (f"task {d.task_id}" if d.task_id else "")
+        )
+        detail = ", ".join(
+            part
+            for part in (
+                d.outcome,
+                task,
+                d.status_reason,
+                d.last_error and f"error: {d.last_error}",
+            )
+            if part
+        )
+        add(d.updated_at, 2, f"delivery {d.id} {d.status}", detail or "-")
+    for task in tasks:
+        creator = f"by delivery {task.created_by_delivery}" if task.created_by_delivery else ""
+        add(task.created_at, 1, f"task {task.identifier} created", creator or "-")
+        add(task.settled_at, 1, f"task {task.identifier} settled", "creation complete")
+        add(task.archived_at, 3, f"task {task.identifier} archived", "keeps its identity")
+    for release in found.releases:
+        who = names.get(release.task_id, f"task {release.task_id}")
+        add(
+            release.released_at,
+            3,
+            f"identity released from {who}",
+            f"by {release.operator}: {release.reason}",
+        )
+    return [event for _, _, event in sorted(events, key=lambda e: (e[0], e[1]))]
+
+
+# --- the inbox as a whole -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InboxStats:
+    counts: dict[str, int]
+    oldest_queued_at: datetime | None
+    oldest_queued_age_seconds: float | None
+
+
+def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
+    """Deliveries by status, and how long the oldest queued one has waited since
+    it was received (the number that falls back to zero after a lost broker)."""
+    oldest = oldest_queued_at(session=session)
+    now = now or utcnow()
+    age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else None
+    return InboxStats(counts_by_status(session=session), oldest, age)

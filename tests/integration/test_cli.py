@@ -1,0 +1,1058 @@
+"""The ``taskhook`` CLI against real databases (SQLite and PostgreSQL), through click.
+
+Commands that send a Celery message (``release``, ``deliveries replay``) get a
+fake app through ``worker.cli.load_celery_app``: it records what would be
+sent and answers as the operator worker would, running the real service
+function against the same database. The round trip through a real broker and
+a real operator worker belongs to the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.exceptions import TimeoutError as CeleryTimeout
+from click.testing import CliRunner, Result
+from sqlalchemy import update
+
+from models.db import session_scope
+from models.inbox import DeliveryStatus
+from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY, RELEASE_IDENTITY
+from models.sources import verifying_source
+from models.tables import Delivery, Task, utcnow
+from models.tasks import CreateHooks, NewTask, create_task, release_external_id
+from models.tokens import authenticate
+from tests.conftest import TRUSTED, Store
+from tests.integration.test_reports import (
+    EXTERNAL_ID,
+    SECRET,
+    Crash,
+    a_delivery,
+    a_source,
+    create_by,
+    park,
+    settle_as,
+)
+from worker import cli as cli_module
+from worker.cli import EXIT_NO_ANSWER, cli
+
+PUBLIC_URL = "https://hooks.example.com"
+RELEASE = ("release", "--workspace", "acme", EXTERNAL_ID)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def taskhook(store_or_url: Store | str, *args: str, input: str | None = None) -> Result:
+    """Run one ``taskhook`` command against the store, as a fresh process would."""
+    url = store_or_url if isinstance(store_or_url, str) else store_or_url.url
+    runner = CliRunner(env={"TASKHOOK_DATABASE_URL": url, "TASKHOOK_PUBLIC_URL": PUBLIC_URL})
+    result = runner.invoke(cli, list(args), input=input)
+    # Whatever the user got wrong, a command ends with an exit code, never a traceback.
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def refused(result: Result, exit_code: int = 1) -> str:
+    """The one-line error of a refused command."""
+    assert result.exit_code == exit_code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# --- a fake Celery app ----------------------------------------------------------------------
+
+
+class FakeResult:
+    def __init__(self, answer: Callable[[], Any]) -> None:
+        self._answer = answer
+        self.waited: float | None = None
+
+    def get(self, timeout: float) -> Any:
+        self.waited = timeout
+        return self._answer()
+
+
+@dataclass
+class FakeApp:
+    """Records ``send_task`` calls; ``answer(*args)`` plays the worker's part."""
+
+    answer: Callable[..., Any] = lambda *args: None
+    broker_down: bool = False
+    sent: list[tuple[str, list[Any], str]] = field(default_factory=list)
+    results: list[FakeResult] = field(default_factory=list)
+
+    def send_task(self, name: str, *, args: list[Any], queue: str) -> FakeResult:
+        if self.broker_down:
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+        self.sent.append((name, list(args), queue))
+        result = FakeResult(lambda: self.answer(*args))
+        self.results.append(result)
+        return result
+
+
+@pytest.fixture
+def celery(monkeypatch: pytest.MonkeyPatch) -> FakeApp:
+    app = FakeApp()
+    monkeypatch.setattr(cli_module, "load_celery_app", lambda: app)
+    return app
+
+
+def operator_worker(store: Store) -> Callable[..., dict[str, Any]]:
+    """What the operator task does: release through the service, answer a dict."""
+
+    def release_identity(workspace_id, external_id, operator, reason):
+        with session_scope(store.sessions) as session:
+            audit = release_external_id(
+                session=session,
+                workspace_id=workspace_id,
+                external_id=external_id,
+                operator=operator,
+                reason=reason,
+            )
+            return {
+                "released": True,
+                "task_id": audit.task_id,
+                "identifier": session.get(Task, audit.task_id).identifier,
+                "external_id": audit.external_id,
+                "audit_id": audit.id,
+            }
+
+    return release_identity
+
+
+def held_by(store: Store, external_id: str = EXTERNAL_ID) -> object:
+    return store.scalar("SELECT identifier FROM tasks WHERE external_id = :e", e=external_id)
+
+
+# --- db -------------------------------------------------------------------------------------
+
+
+def test_db_upgrade_migrates_a_fresh_sqlite_file_and_is_safe_to_repeat(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'var' / 'fresh.db'}"
+
+    first = taskhook(url, "db", "upgrade")
+    again = as_json(taskhook(url, "db", "upgrade", "--json"))
+
+    assert first.exit_code == 0
+    assert "is at revision" in first.stdout
+    assert again["revision"]
+    assert (
+        taskhook(url, "workspace", "add", "acme", "--name", "Acme", "--prefix", "ACME").exit_code
+        == 0
+    )
+
+
+def test_db_upgrade_of_a_migrated_store_changes_nothing(store: Store):
+    store.workspace()
+    assert taskhook(store, "db", "upgrade").exit_code == 0
+    assert store.scalar("SELECT count(*) FROM workspaces") == 1
+
+
+def test_a_database_without_tables_says_to_upgrade(tmp_path: Path):
+    line = refused(taskhook(f"sqlite:///{tmp_path / 'empty.db'}", "stats"))
+    assert "taskhook db upgrade" in line
+
+
+def test_an_unreachable_database_is_one_clear_line():
+    url = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/taskhook"
+    line = refused(taskhook(url, "workspace", "list"))
+    assert line.startswith("Error: cannot use the database at postgresql+psycopg://postgres:***@")
+    assert "hunter2" not in line
+
+
+def test_importing_the_cli_builds_nothing():
+    code = (
+        "import sys, worker.cli; "
+        "assert 'worker.celery_app' not in sys.modules; "
+        "assert 'celery' not in sys.modules; "
+        "assert 'alembic' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# --- workspaces -------------------------------------------------------------------------------
+
+
+def test_workspace_add_then_list_for_people_and_for_scripts(store: Store):
+    added = taskhook(store, "workspace", "add", "acme", "--name", "Acme Corp", "--prefix", "ACME")
+    taskhook(store, "workspace", "add", "beta", "--name", "Beta", "--prefix", "BETA", "--json")
+
+    assert added.exit_code == 0
+    assert "ACME-1" in added.stdout
+    table = taskhook(store, "workspace", "list").stdout.splitlines()
+    assert table[0].split() == ["SLUG", "NAME", "PREFIX", "TASKS", "SOURCES", "CREATED"]
+    assert table[1].startswith("acme  Acme Corp  ACME")
+    listed = as_json(taskhook(store, "workspace", "list", "--json"))["workspaces"]
+    assert [(w["slug"], w["task_prefix"], w["tasks"]) for w in listed] == [
+        ("acme", "ACME", 0),
+        ("beta", "BETA", 0),
+    ]
+
+
+def test_workspace_add_sets_the_intake_wip_limit(store: Store):
+    taskhook(store, "workspace", "add", "acme", "--name", "A", "--prefix", "A", "--wip-limit", "3")
+    assert store.scalar("SELECT wip_limit FROM workflow_steps WHERE position = 0") == 3
+    assert store.scalar("SELECT count(*) FROM workflow_steps") == 3
+
+
+def test_a_duplicate_workspace_slug_is_refused(store: Store):
+    store.workspace("acme")
+    line = refused(taskhook(store, "workspace", "add", "acme", "--name", "A", "--prefix", "ACME"))
+    assert line == "Error: a workspace with slug 'acme' already exists"
+
+
+def test_workspace_mistakes_are_refused_or_usage_errors(store: Store):
+    bad_prefix = refused(
+        taskhook(store, "workspace", "add", "acme", "--name", "A", "--prefix", "a")
+    )
+    assert "task prefix 'a'" in bad_prefix
+    negative = taskhook(
+        store, "workspace", "add", "acme", "--name", "A", "--prefix", "A", "--wip-limit", "-1"
+    )
+    assert negative.exit_code == 2
+    assert taskhook(store, "workspace", "add", "acme", "--prefix", "A").exit_code == 2
+
+
+# --- sources ----------------------------------------------------------------------------------
+
+
+def test_source_add_prints_the_url_and_a_generated_secret_once(store: Store):
+    store.workspace()
+
+    result = taskhook(store, "source", "add", "github", "--workspace", "acme")
+
+    assert result.exit_code == 0
+    assert f"{PUBLIC_URL}/webhooks/github/acme-github" in result.stdout
+    assert "will not be shown again" in result.stdout
+    (secret_line,) = [line for line in result.stdout.splitlines() if line.startswith("Secret:")]
+    printed = secret_line.split()[-1]
+    with store.sessions() as session:
+        source = verifying_source(session=session, provider="github", slug="acme-github")
+    assert source.secrets == (printed,)
+    assert source.create_events == {"issues.opened", "pull_request.opened"}
+    assert printed not in taskhook(store, "source", "list").output
+    assert printed not in taskhook(store, "source", "list", "--json").output
+
+
+def test_a_given_secret_is_never_printed(store: Store):
+    store.workspace()
+    given = "s3cret-from-the-vault"
+
+    result = taskhook(
+        store,
+        "source",
+        "add",
+        "jira",
+        "--workspace",
+        "acme",
+        "--secret",
+        given,
+        "--site",
+        "https://acme.atlassian.net/",
+        "--name",
+        "acme-jira",
+    )
+    document = as_json(
+        taskhook(
+            store, "source", "add", "github", "--workspace", "acme", "--secret", given, "--json"
+        )
+    )
+
+    assert result.exit_code == 0
+    assert given not in result.output
+    assert "secret" not in document
+    assert document["url"] == f"{PUBLIC_URL}/webhooks/github/acme-github"
+    with store.sessions() as session:
+        jira = verifying_source(session=session, provider="jira", slug="acme-jira")
+    assert (jira.secrets, jira.site_url, jira.create_events) == (
+        (given,),
+        "https://acme.atlassian.net",
+        {"jira:issue_created"},
+    )
+
+
+def test_source_add_for_scripts_carries_a_generated_secret(store: Store):
+    store.workspace()
+    document = as_json(taskhook(store, "source", "add", "jira", "--workspace", "acme", "--json"))
+    with store.sessions() as session:
+        jira = verifying_source(session=session, provider="jira", slug="acme-jira")
+    assert jira.secrets == (document["secret"],)
+    assert document["events"] == ["jira:issue_created"]
+
+
+def test_source_events_are_validated_against_the_adapter(store: Store):
+    store.workspace()
+    unknown = taskhook(
+        store, "source", "add", "jira", "--workspace", "acme", "--events", "issues.opened"
+    )
+    chosen = taskhook(
+        store,
+        "source",
+        "add",
+        "github",
+        "--workspace",
+        "acme",
+        "--events",
+        "issues.opened, issues.reopened",
+    )
+
+    assert unknown.exit_code == 2
+    assert "jira:issue_created" in unknown.stderr
+    assert chosen.exit_code == 0
+    with store.sessions() as session:
+        github = verifying_source(session=session, provider="github", slug="acme-github")
+    assert github.create_events == {"issues.opened", "issues.reopened"}
+
+
+def test_source_add_mistakes(store: Store):
+    store.workspace()
+    no_workspace = refused(taskhook(store, "source", "add", "github", "--workspace", "nope"))
+    site_on_github = taskhook(
+        store, "source", "add", "github", "--workspace", "acme", "--site", "https://x.example"
+    )
+    bad_site = taskhook(store, "source", "add", "jira", "--workspace", "acme", "--site", "acme")
+    unknown_provider = taskhook(store, "source", "add", "gitlab", "--workspace", "acme")
+    taskhook(store, "source", "add", "github", "--workspace", "acme")
+    duplicate = refused(taskhook(store, "source", "add", "github", "--workspace", "acme"))
+
+    assert no_workspace == "Error: workspace 'nope' not found"
+    assert (site_on_github.exit_code, bad_site.exit_code, unknown_provider.exit_code) == (2, 2, 2)
+    assert duplicate == "Error: a source named 'acme-github' already exists"
+    assert store.scalar("SELECT count(*) FROM webhook_sources") == 1
+
+
+def test_source_list_shows_active_secret_counts_never_secrets(store: Store):
+    a_source(store, store.workspace().id)
+    taskhook(store, "source", "rotate-secret", "acme-github")
+
+    table = taskhook(store, "source", "list")
+    listed = as_json(taskhook(store, "source", "list", "--json"))["sources"]
+
+    assert table.stdout.splitlines()[0].split() == [
+        "NAME",
+        "PROVIDER",
+        "WORKSPACE",
+        "ENABLED",
+        "SECRETS",
+        "EVENTS",
+        "URL",
+    ]
+    assert table.stdout.splitlines()[1].split()[:5] == ["acme-github", "github", "acme", "yes", "2"]
+    assert SECRET not in table.output + json.dumps(listed)
+    assert [(s["slug"], s["active_secrets"], s["url"]) for s in listed] == [
+        ("acme-github", 2, f"{PUBLIC_URL}/webhooks/github/acme-github")
+    ]
+
+
+def test_a_source_disables_and_enables(store: Store):
+    a_source(store, store.workspace().id)
+
+    assert taskhook(store, "source", "disable", "acme-github").exit_code == 0
+    with store.sessions() as session:
+        assert verifying_source(session=session, provider="github", slug="acme-github") is None
+    assert taskhook(store, "source", "enable", "acme-github").exit_code == 0
+    with store.sessions() as session:
+        assert verifying_source(session=session, provider="github", slug="acme-github")
+    line = refused(taskhook(store, "source", "disable", "nope"))
+    assert line == "Error: no webhook source named 'nope'"
+
+
+def test_rotating_a_secret_keeps_the_old_one_until_finish(store: Store):
+    a_source(store, store.workspace().id)
+
+    started = taskhook(store, "source", "rotate-secret", "acme-github", "--secret", "new-one")
+    with store.sessions() as session:
+        during = verifying_source(session=session, provider="github", slug="acme-github")
+    finished = as_json(
+        taskhook(store, "source", "rotate-secret", "acme-github", "--finish", "--json")
+    )
+    with store.sessions() as session:
+        after = verifying_source(session=session, provider="github", slug="acme-github")
+
+    assert started.exit_code == 0
+    assert "new-one" not in started.output
+    assert sorted(during.secrets) == sorted([SECRET, "new-one"])
+    assert finished == {"source": "acme-github", "retired": 1}
+    assert after.secrets == ("new-one",)
+
+
+def test_a_generated_rotation_secret_is_printed_once_and_verifies(store: Store):
+    a_source(store, store.workspace().id)
+    document = as_json(taskhook(store, "source", "rotate-secret", "acme-github", "--json"))
+    with store.sessions() as session:
+        source = verifying_source(session=session, provider="github", slug="acme-github")
+    assert document["secret"] in source.secrets
+
+
+def test_rotate_secret_mistakes(store: Store):
+    a_source(store, store.workspace().id)
+    both = taskhook(store, "source", "rotate-secret", "acme-github", "--finish", "--secret", "x")
+    assert both.exit_code == 2
+    assert refused(taskhook(store, "source", "rotate-secret", "nope")).endswith("'nope'")
+
+
+# --- tasks and identities -------------------------------------------------------------------
+
+
+def a_settled_task(store: Store) -> tuple[int, int, int]:
+    """A task created by delivery d-1, then found again by delivery d-2."""
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    first = a_delivery(store, source_id, "d-1")
+    task_id = create_by(store, acme.id, first)
+    second = a_delivery(store, source_id, "d-2")
+    settle_as(store, second, DeliveryStatus.DONE, outcome="found_settled", task_id=task_id)
+    return task_id, first, second
+
+
+def an_unfinished_create(store: Store) -> tuple[int, int, int, int]:
+    """Delivery d-1's worker died after its insert; d-2 is parked as needs_operator."""
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    creator = a_delivery(store, source_id, "d-1")
+    task_id = create_by(store, acme.id, creator, crash_before_settle=True)
+    parked = a_delivery(store, source_id, "d-2")
+    park(store, parked, task_id)
+    return acme.id, task_id, creator, parked
+
+
+def test_task_lookup_shows_the_task_and_the_deliveries_that_touched_it(store: Store):
+    task_id, first, second = a_settled_task(store)
+
+    result = taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+    document = as_json(
+        taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID, "--json")
+    )
+
+    assert result.exit_code == 0
+    assert "ACME-1  Login page is blank" in result.stdout
+    assert "settled at" in result.stdout
+    assert "archived     no" in result.stdout
+    rows = [
+        line.split()
+        for line in result.stdout.splitlines()
+        if line.split()[:1] in ([str(first)], [str(second)])
+    ]
+    # RECEIVED is a date and a time: STATUS is the sixth word, OUTCOME the eighth.
+    assert [(row[0], row[5], row[7]) for row in rows] == [
+        (str(first), "done", "created"),
+        (str(second), "done", "found_settled"),
+    ]
+    assert (
+        document["task"].items()
+        >= {
+            "id": task_id,
+            "identifier": "ACME-1",
+            "external_id": EXTERNAL_ID,
+            "settled": True,
+            "archived": False,
+        }.items()
+    )
+    assert [d["id"] for d in document["deliveries"]] == [first, second]
+
+
+def set_creator(store: Store, creator: int, state: str) -> None:
+    """Put the creating delivery in ``state``: live, expired (its worker died), queued, dead."""
+    now = utcnow()
+    values = {
+        "live": {"status": "processing", "lease_expires_at": now + timedelta(minutes=1)},
+        "expired": {"status": "processing", "lease_expires_at": now - timedelta(minutes=1)},
+        "queued": {"status": "queued", "lease_expires_at": None},
+        "dead": {"status": "dead", "lease_expires_at": None, "last_error": "db gone"},
+    }[state]
+    with session_scope(store.sessions) as session:
+        session.execute(update(Delivery).where(Delivery.id == creator).values(**values))
+
+
+@pytest.mark.parametrize(
+    ("state", "advice"),
+    [
+        ("live", "delivery 1 is being processed now (attempt 1, lease until"),
+        ("expired", "delivery 1's worker stopped (its lease ran out at"),
+        ("queued", "delivery 1 is queued: when it runs it finishes its own create"),
+        ("dead", "then `taskhook deliveries replay 1` finishes its own create"),
+    ],
+)
+def test_task_lookup_says_what_an_unfinished_create_is_doing(store: Store, state, advice):
+    _, _, creator, _ = an_unfinished_create(store)
+    set_creator(store, creator, state)
+
+    result = taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+
+    assert "NOT SETTLED: its create had not finished when looked at" in result.stdout
+    assert advice in " ".join(result.stdout.split())
+    assert "needs_operator" in result.stdout
+
+
+def test_a_task_created_through_the_api_has_no_creator_to_wait_for(store: Store):
+    acme = store.workspace()
+
+    def client_died(_task):
+        raise Crash()
+
+    with store.sessions() as session, pytest.raises(Crash):
+        create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=acme.id,
+            new=NewTask(title="From a script", external_id=EXTERNAL_ID),
+            hooks=CreateHooks(after_insert=client_died),
+        )
+
+    lookup = taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+    preview = taskhook(store, *RELEASE, "--reason", "client gone", input="n\n")
+
+    assert "created outside the webhooks (REST API)" in " ".join(lookup.stdout.split())
+    assert "No delivery touched it" in lookup.stdout
+    assert "WARNING" not in preview.stdout
+
+
+def test_release_warns_when_the_create_may_still_finish(store: Store, celery):
+    _, _, creator, _ = an_unfinished_create(store)
+    set_creator(store, creator, "live")
+    live = taskhook(store, *RELEASE, "--reason", "r", input="n\n")
+    set_creator(store, creator, "dead")
+    dead = taskhook(store, *RELEASE, "--reason", "r", input="n\n")
+
+    assert "WARNING: its create may still finish on its own" in live.stdout
+    assert "WARNING" not in dead.stdout
+    assert "creates a NEW task" in dead.stdout
+    assert celery.sent == []
+
+
+def test_release_of_a_settled_task_says_it_makes_a_second_task(store: Store, celery):
+    a_settled_task(store)
+    preview = taskhook(store, *RELEASE, "--reason", "r", input="n\n")
+    assert "Its create FINISHED" in preview.stdout
+    assert "SECOND task" in preview.stdout
+
+
+def test_task_lookup_refuses_what_it_cannot_find_in_one_line(store: Store):
+    store.workspace()
+    missing = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "jira:NOPE-1"))
+    invalid = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "jira:PROJ-1\t"))
+    workspace = refused(taskhook(store, "task", "lookup", "--workspace", "nope", "jira:PROJ-1"))
+    too_long = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "x" * 256))
+
+    assert missing == "Error: no task in workspace acme holds external id 'jira:NOPE-1'"
+    assert invalid == (
+        "Error: external_id must not contain control characters (U+0009 at position 11)"
+    )
+    assert workspace == "Error: workspace 'nope' not found"
+    assert "at most 255 bytes" in too_long
+
+
+def test_task_lookup_of_a_released_identity_points_at_explain(store: Store):
+    workspace_id, *_ = an_unfinished_create(store)
+    with session_scope(store.sessions) as session:
+        release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=EXTERNAL_ID,
+            operator="alice",
+            reason="worker died",
+        )
+    line = refused(taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID))
+    assert "released 1 time(s): taskhook explain" in line
+
+
+def test_explain_prints_the_lineage_in_time_order(store: Store):
+    _, _, creator, parked = an_unfinished_create(store)
+
+    result = taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID)
+    document = as_json(taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID, "--json"))
+
+    assert result.exit_code == 0
+    events = [event["what"] for event in document["events"]]
+    assert events == [
+        f"delivery {creator} received",
+        f"delivery {creator} processing",
+        "task ACME-1 created",
+        f"delivery {parked} received",
+        f"delivery {parked} needs_operator",
+    ]
+    positions = [result.stdout.index(what) for what in events]
+    assert positions == sorted(positions)
+    assert "docs/runbook.md" in result.stdout
+    assert document["holder"]["settled"] is False
+
+
+def test_explain_of_an_identity_never_held_is_refused(store: Store):
+    store.workspace()
+    line = refused(taskhook(store, "explain", "--workspace", "acme", "jira:NOPE-1"))
+    assert line == "Error: nothing in workspace acme holds or held external id 'jira:NOPE-1'"
+
+
+# --- release --------------------------------------------------------------------------------
+
+
+def test_release_sends_the_operator_task_and_prints_what_was_released(store: Store, celery):
+    workspace_id, task_id, _, parked = an_unfinished_create(store)
+    celery.answer = operator_worker(store)
+
+    result = taskhook(
+        store,
+        *RELEASE,
+        "--reason",
+        "worker died",
+        "--operator",
+        "alice",
+        "--yes",
+        "--timeout",
+        "7",
+    )
+
+    assert result.exit_code == 0, result.output
+    assert celery.sent == [
+        (RELEASE_IDENTITY, [workspace_id, EXTERNAL_ID, "alice", "worker died"], OPERATOR_QUEUE)
+    ]
+    assert celery.results[0].waited == 7
+    assert f"Released '{EXTERNAL_ID}' from ACME-1 (task {task_id})" in result.stdout
+    assert f"taskhook deliveries replay {parked}" in result.stdout
+    assert held_by(store) is None
+    assert store.scalar("SELECT operator FROM identity_releases") == "alice"
+
+
+def test_release_asks_first_and_a_no_sends_nothing(store: Store, celery):
+    an_unfinished_create(store)
+    celery.answer = operator_worker(store)
+    args = (*RELEASE, "--reason", "dead", "--operator", "al")
+
+    declined = taskhook(store, *args, input="n\n")
+    assert declined.exit_code == 1
+    assert "Release it? [y/N]" in declined.stdout
+    assert celery.sent == []
+    assert held_by(store) == "ACME-1"
+
+    accepted = taskhook(store, *args, input="y\n")
+    assert accepted.exit_code == 0
+    assert held_by(store) is None
+
+
+def test_release_defaults_the_operator_to_the_os_user(store: Store, celery, monkeypatch):
+    an_unfinished_create(store)
+    monkeypatch.setattr(cli_module.getpass, "getuser", lambda: "ops-bob")
+    celery.answer = operator_worker(store)
+    taskhook(store, *RELEASE, "--reason", "r", "--yes")
+    assert celery.sent[0][1][2] == "ops-bob"
+
+
+def test_release_without_an_answer_says_the_operator_worker_is_missing(store: Store, celery):
+    an_unfinished_create(store)
+
+    def no_worker(*_args):
+        raise CeleryTimeout("The operation timed out.")
+
+    celery.answer = no_worker
+    result = taskhook(
+        store,
+        *RELEASE,
+        "--reason",
+        "r",
+        "--yes",
+        "--timeout",
+        "0.5",
+    )
+
+    line = refused(result, EXIT_NO_ANSWER)
+    assert "the operator worker did not answer within 0.5s" in line
+    assert "operator worker running" in line
+    assert held_by(store) == "ACME-1"
+
+
+def test_release_refused_by_the_worker_exits_non_zero(store: Store, celery):
+    an_unfinished_create(store)
+    celery.answer = lambda *args: {"released": False, "error": "task not found"}
+    line = refused(taskhook(store, *RELEASE, "--reason", "r", "--yes"))
+    assert line == "Error: not released: task not found"
+
+
+def test_release_whose_operator_task_raised_is_refused_without_a_traceback(store: Store, celery):
+    an_unfinished_create(store)
+
+    def crashed(*_args):
+        raise RuntimeError("database is locked")
+
+    celery.answer = crashed
+    line = refused(taskhook(store, *RELEASE, "--reason", "r", "--yes"))
+    assert line == "Error: not released: RuntimeError: database is locked"
+
+
+def test_release_of_an_identity_nobody_holds_sends_nothing(store: Store, celery):
+    store.workspace()
+    result = taskhook(
+        store, "release", "--workspace", "acme", "jira:NOPE-1", "--reason", "r", "--yes"
+    )
+    assert "no task in workspace acme holds" in refused(result)
+    assert celery.sent == []
+
+
+def test_release_with_the_broker_down_releases_nothing(store: Store, celery):
+    an_unfinished_create(store)
+    celery.broker_down = True
+    result = taskhook(store, *RELEASE, "--reason", "r", "--yes")
+    assert "cannot reach the broker" in refused(result)
+    assert held_by(store) == "ACME-1"
+
+
+def test_release_for_scripts_prints_only_json_on_stdout(store: Store, celery):
+    _, task_id, _, parked = an_unfinished_create(store)
+    celery.answer = operator_worker(store)
+
+    document = as_json(taskhook(store, *RELEASE, "--reason", "r", "--yes", "--json"))
+
+    assert document["released"] is True
+    assert (document["task_id"], document["identifier"]) == (task_id, "ACME-1")
+    assert document["needs_operator_deliveries"] == [parked]
+
+
+def test_release_needs_a_reason_and_rejects_an_invalid_external_id(store: Store, celery):
+    an_unfinished_create(store)
+    blank = taskhook(store, *RELEASE, "--reason", "  ", "--yes")
+    missing = taskhook(store, *RELEASE, "--yes")
+    invalid = taskhook(store, "release", "--workspace", "acme", "a\x7fb", "--reason", "r", "--yes")
+    assert (blank.exit_code, missing.exit_code) == (2, 2)
+    assert "control characters" in refused(invalid)
+    assert celery.sent == []
+
+
+# --- deliveries -------------------------------------------------------------------------------
+
+
+def test_deliveries_list_filters_and_pages(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    pks = [a_delivery(store, source_id, f"d-{n}") for n in range(3)]
+    settle_as(store, pks[0], DeliveryStatus.DEAD, error="payload has no issue")
+
+    table = taskhook(store, "deliveries", "list")
+    dead = taskhook(store, "deliveries", "list", "--status", "dead")
+    first_page = as_json(taskhook(store, "deliveries", "list", "--limit", "2", "--json"))
+    before = str(first_page["next_before"])
+    second_page = as_json(
+        taskhook(store, "deliveries", "list", "--limit", "2", "--before", before, "--json")
+    )
+
+    assert [line.split()[0] for line in table.stdout.splitlines()] == [
+        "ID",
+        str(pks[2]),
+        str(pks[1]),
+        str(pks[0]),
+    ]
+    assert "payload has no issue" in dead.stdout
+    assert len(dead.stdout.splitlines()) == 2
+    assert [d["id"] for d in first_page["deliveries"]] == [pks[2], pks[1]]
+    assert [d["id"] for d in second_page["deliveries"]] == [pks[0]]
+    assert second_page["next_before"] is None
+    assert (
+        "More: taskhook deliveries list --before"
+        in taskhook(store, "deliveries", "list", "--limit", "1").stdout
+    )
+    assert taskhook(store, "deliveries", "list", "--status", "lost").exit_code == 2
+
+
+def test_deliveries_show_never_shows_a_signature(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    pk = a_delivery(
+        store,
+        source_id,
+        "d-1",
+        headers={"X-GitHub-Event": "issues", "X-Hub-Signature-256": "sha256=0123abcd"},
+    )
+
+    shown = taskhook(store, "deliveries", "show", str(pk))
+    document = as_json(taskhook(store, "deliveries", "show", str(pk), "--json"))
+
+    assert "X-GitHub-Event" in shown.stdout
+    assert "0123abcd" not in shown.output + json.dumps(document)
+    assert document["summary"]["delivery_id"] == "d-1"
+    assert refused(taskhook(store, "deliveries", "show", "999")) == "Error: delivery 999 not found"
+    assert taskhook(store, "deliveries", "show", "one").exit_code == 2
+
+
+def test_replay_commits_then_sends_the_delivery_to_the_worker(store: Store, celery):
+    _, _, _, parked = an_unfinished_create(store)
+    seen_at_send: list[object] = []
+    celery.answer = lambda *args: None
+    original_send = celery.send_task
+
+    def send_after_checking(name, *, args, queue):
+        # Another connection sees the row queued: the replay was committed first.
+        seen_at_send.append(store.scalar("SELECT status FROM deliveries WHERE id = :p", p=parked))
+        return original_send(name, args=args, queue=queue)
+
+    celery.send_task = send_after_checking
+    result = taskhook(store, "deliveries", "replay", str(parked))
+
+    assert result.exit_code == 0
+    assert celery.sent == [(PROCESS_DELIVERY, [parked], DELIVERIES_QUEUE)]
+    assert seen_at_send == ["queued"]
+
+
+def test_replay_refuses_a_delivery_that_is_not_parked_or_dead(store: Store, celery):
+    _, first, _ = a_settled_task(store)
+    line = refused(taskhook(store, "deliveries", "replay", str(first)))
+    assert line == (
+        f"Error: delivery {first} is done; only dead or needs_operator deliveries can be replayed"
+    )
+    assert (
+        refused(taskhook(store, "deliveries", "replay", "999")) == "Error: delivery 999 not found"
+    )
+    assert celery.sent == []
+
+
+def test_replay_with_the_broker_down_leaves_the_sweeper_to_send_it(store: Store, celery):
+    source_id = a_source(store, store.workspace().id)
+    dead = a_delivery(store, source_id, "d-1")
+    settle_as(store, dead, DeliveryStatus.DEAD, error="database went away")
+    celery.broker_down = True
+
+    result = taskhook(store, "deliveries", "replay", str(dead), "--json")
+
+    assert (
+        as_json(result).items() >= {"delivery": dead, "status": "queued", "enqueued": False}.items()
+    )
+    assert store.scalar("SELECT status FROM deliveries WHERE id = :p", p=dead) == "queued"
+
+
+# --- stats --------------------------------------------------------------------------------------
+
+
+def test_stats_for_people_and_for_scripts(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    a_delivery(store, source_id, "d-1")
+    settle_as(store, a_delivery(store, source_id, "d-2"), DeliveryStatus.DEAD, error="x")
+
+    table = taskhook(store, "stats").stdout
+    document = as_json(taskhook(store, "stats", "--json"))
+
+    assert "queued          1" in table
+    assert "dead            1" in table
+    assert "Oldest queued: received" in table
+    assert document["counts"]["queued"] == 1
+    assert document["oldest_queued_age_seconds"] >= 0
+
+
+# --- the real round trip: taskhook processes, Redis, a Celery operator worker ------------------
+
+#: This module's own Redis database (FLUSHDB before and after, never FLUSHALL).
+REDIS_URL = "redis://127.0.0.1:6379/14"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def redis_broker() -> Iterator[Any]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as error:
+        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({error})", pytrace=False)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def process_env(store: Store) -> dict[str, str]:
+    return os.environ | {
+        "TASKHOOK_DATABASE_URL": store.url,
+        "TASKHOOK_BROKER_URL": REDIS_URL,
+        "TASKHOOK_PUBLIC_URL": PUBLIC_URL,
+    }
+
+
+def taskhook_process(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "taskhook"), *args],
+        cwd=ROOT,
+        env=process_env(store),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@contextmanager
+def operator_worker_process(store: Store, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery -A worker worker -Q operator``, as the Procfile's operator line runs it."""
+    with log.open("wb") as output:
+        worker = subprocess.Popen(
+            [
+                str(BIN / "celery"),
+                "-A",
+                "worker",
+                "worker",
+                "-Q",
+                OPERATOR_QUEUE,
+                "--pool",
+                "solo",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"operator-{uuid.uuid4().hex[:8]}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=process_env(store),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield worker
+        finally:
+            worker.terminate()
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+
+
+@pytest.mark.e2e
+@pytest.mark.redis
+def test_release_round_trip_through_a_real_operator_worker(store: Store, redis_broker, tmp_path):
+    workspace_id, task_id, _, _ = an_unfinished_create(store)
+
+    with operator_worker_process(store, tmp_path / "operator.log"):
+        result = taskhook_process(
+            store,
+            *RELEASE,
+            "--reason",
+            "worker died",
+            "--operator",
+            "alice",
+            "--yes",
+            "--timeout",
+            "60",
+            "--json",
+        )
+
+    assert result.returncode == 0, result.stderr + (tmp_path / "operator.log").read_text()
+    assert "Traceback" not in result.stderr
+    answer = json.loads(result.stdout)
+    assert (
+        answer.items()
+        >= {
+            "released": True,
+            "workspace_id": workspace_id,
+            "task_id": task_id,
+            "identifier": "ACME-1",
+            "external_id": EXTERNAL_ID,
+            "operator": "alice",
+        }.items()
+    )
+    assert held_by(store) is None
+    assert store.scalar("SELECT reason FROM identity_releases") == "worker died"
+
+
+@pytest.mark.e2e
+@pytest.mark.redis
+def test_an_unanswered_release_says_so_and_still_runs_when_a_worker_starts(
+    store: Store, redis_broker, tmp_path
+):
+    an_unfinished_create(store)
+
+    result = taskhook_process(store, *RELEASE, "--reason", "r", "--yes", "--timeout", "1")
+
+    assert result.returncode == EXIT_NO_ANSWER, result.stderr
+    assert "the operator worker did not answer within 1s" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert held_by(store) == "ACME-1"
+    # What the message warns about is true: the request waits in the queue.
+    with operator_worker_process(store, tmp_path / "operator.log"):
+        deadline = time.monotonic() + 60
+        while held_by(store) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert held_by(store) is None, (tmp_path / "operator.log").read_text()
+
+
+@pytest.mark.redis
+def test_replay_puts_the_delivery_on_the_real_deliveries_queue(store: Store, redis_broker):
+    source_id = a_source(store, store.workspace().id)
+    dead = a_delivery(store, source_id, "d-1")
+    settle_as(store, dead, DeliveryStatus.DEAD, error="database went away")
+
+    result = taskhook_process(store, "deliveries", "replay", str(dead))
+
+    assert result.returncode == 0, result.stderr
+    assert "sent to the worker" in result.stdout
+    (message,) = [json.loads(raw) for raw in redis_broker.lrange(DELIVERIES_QUEUE, 0, -1)]
+    assert message["headers"]["task"] == PROCESS_DELIVERY
+    args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    assert args == [dead]
+
+
+# --- API tokens -------------------------------------------------------------------------------
+
+
+def test_token_add_prints_the_token_once_and_list_never_shows_it(store: Store):
+    store.workspace("acme")
+    added = as_json(
+        taskhook(
+            store,
+            "token",
+            "add",
+            "--workspace",
+            "acme",
+            "--role",
+            "operator",
+            "--name",
+            "alice",
+            "--json",
+        )
+    )
+    assert added["token"].startswith("th_")
+    with store.sessions() as session:
+        principal = authenticate(session=session, token=added["token"])
+    assert (principal.name, principal.role.value) == ("alice", "operator")
+
+    listing = taskhook(store, "token", "list")
+    assert added["token"] not in listing.stdout
+    assert "alice" in listing.stdout and "operator" in listing.stdout
+    (row,) = as_json(taskhook(store, "token", "list", "--json"))["tokens"]
+    assert row["workspaces"] == ["acme"] and "token" not in row
+
+
+def test_a_revoked_token_no_longer_authenticates(store: Store):
+    store.workspace("acme")
+    added = as_json(
+        taskhook(store, "token", "add", "--workspace", "acme", "--name", "bob", "--json")
+    )
+    assert taskhook(store, "token", "revoke", str(added["id"])).exit_code == 0
+    with store.sessions() as session:
+        assert authenticate(session=session, token=added["token"]) is None
+
+
+def test_token_mistakes_are_one_line_refusals(store: Store):
+    store.workspace("acme")
+    assert "nope" in refused(taskhook(store, "token", "add", "--workspace", "nope", "--name", "x"))
+    assert "name" in refused(taskhook(store, "token", "add", "--workspace", "acme", "--name", " "))
+    assert "999" in refused(taskhook(store, "token", "revoke", "999"))
+    assert (
+        taskhook(
+            store, "token", "add", "--workspace", "acme", "--name", "x", "--role", "admin"
+        ).exit_code
+        == 2
+    )
