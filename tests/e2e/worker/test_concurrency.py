@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from models.messages import PROCESS_DELIVERY
 from models.tables import Delivery
 from tests.deliveries import fixture
-from tests.e2e.worker.conftest import StartWorker, finished, wait_until
+from tests.e2e.conftest import StartWorker, finished, wait_until
 from tests.integration.worker.feeds import make_feed, store_delivery, tasks_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from models.messages import PROCESS_DELIVERY
 from models.tables import TaskSource
-from tests.e2e.worker.conftest import StartWorker, finished, wait_until
+from tests.e2e.conftest import StartWorker, finished, wait_until
 from tests.integration.worker.feeds import delivery, link_of, make_feed, store_fixture, tasks_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from celery import Celery
@@ -36,7 +38,7 @@ from models.settings import Settings
 from models.tables import Base, Delivery
 from worker.celery_app import make_celery_app
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 READY_TIMEOUT = 30.0
 
@@ -77,7 +79,7 @@ def wait_until(check: Callable[[], object], *, timeout: float, what: str, logs=(
 
 
 class WorkerProcess:
-    """One ``celery -A worker worker`` subprocess and its log."""
+    """One subprocess of ours (a Celery worker, uvicorn) and its log."""
 
     def __init__(self, name: str, log: Path, args: list[str], env: dict[str, str]) -> None:
         self.name, self.log = name, log
@@ -241,3 +243,54 @@ def client(postgres_url: str, redis_url: str) -> Iterator[Celery]:
         yield app
     finally:
         app.close()
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Ingress:
+    """A real ``uvicorn ingest.app:app`` subprocess."""
+
+    def __init__(self, folder: Path, database_url: str, broker_url: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "uvicorn", "ingest.app:app", "--port", str(self.port)]
+        args += ["--host", "127.0.0.1", "--no-access-log"]
+        environment = worker_environment(database_url, broker_url, **env)
+        self.process = WorkerProcess(
+            "uvicorn", folder / f"uvicorn-{self.port}.log", args, environment
+        )
+        wait_until(self._healthy, timeout=READY_TIMEOUT, what="uvicorn", logs=[self.process])
+
+    def _healthy(self) -> bool:
+        if self.process.process.poll() is not None:
+            pytest.fail(f"uvicorn exited early\n{self.process.tail()}", pytrace=False)
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+@pytest.fixture(scope="module")
+def start_ingress(
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str, sessions
+) -> Iterator[Callable[..., Ingress]]:
+    """Start uvicorn on PostgreSQL and Redis; stopped by pid when the module ends."""
+    folder = tmp_path_factory.mktemp("ingress")
+    started: list[Ingress] = []
+
+    def start(**env: str) -> Ingress:
+        started.append(Ingress(folder, postgres_url, redis_url, **env))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for ingress in started:
+            ingress.stop()
