@@ -1,0 +1,80 @@
+"""``taskhook``: the operator's command line, and every step of ``docs/runbook.md``.
+
+A thin shell over the same service functions the worker and the ingress use
+(``models.workspaces``, ``models.sources``, ``models.inbox``, ``models.tasks``)
+and the read-only ``models.reports``. Each command opens one unit of work,
+calls one service, commits, and only then talks to the broker.
+
+For people, commands print aligned plain-text tables; for scripts, every
+command takes ``--json`` and prints one JSON document on stdout. Exit codes:
+
+- 0: done;
+- 1: refused or not found (unknown workspace, source or delivery, an invalid
+  external id, a duplicate, a declined confirmation, an unreachable database
+  or broker) -- one line on stderr, never a traceback;
+- 2: a usage error, as click reports it (a missing option, an unknown event);
+- 3: ``release`` sent its request but no operator worker answered in time, so
+  the outcome is unknown (the request may still run when a worker starts).
+
+Nothing is built at import: the settings, the engine and the Celery app are
+made when a command runs (the app only by the commands that send a message).
+Secrets are printed exactly once -- when ``taskhook`` generates one -- and
+never listed.
+
+Layout: ``runtime`` (settings, engine, sessions; the errors and the root
+group's error translation), ``output`` (``--json``, tables, fields), and one
+module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
+lookup, explain, release), ``deliveries`` (list, show, replay, stats),
+``tokens``.
+"""
+
+from __future__ import annotations
+
+# Not used here: tests patch ``getpass.getuser`` through ``worker.cli.getpass``.
+import getpass  # noqa: F401
+from typing import Any
+
+import click
+
+from worker.cli.db import db
+from worker.cli.deliveries import deliveries, stats
+from worker.cli.runtime import EXIT_NO_ANSWER, Runtime, TaskhookGroup
+from worker.cli.sources import source
+from worker.cli.tasks import explain, release, task
+from worker.cli.tokens import token
+from worker.cli.workspaces import workspace
+
+__all__ = ["EXIT_NO_ANSWER", "cli", "load_celery_app", "main"]
+
+
+def load_celery_app() -> Any:
+    """The Celery app, imported only by the commands that send a message.
+
+    A module-level hook: tests replace it with a fake app to see what would
+    be sent without a broker. The commands call it as ``worker.cli.load_celery_app``,
+    looked up when they run, so the replacement is what they get.
+    """
+    from worker.celery_app import app
+
+    return app
+
+
+@click.group(cls=TaskhookGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """taskhook: GitHub and Jira webhooks in, tasks out, exactly once per external id.
+
+    Settings come from TASKHOOK_ environment variables (TASKHOOK_DATABASE_URL,
+    TASKHOOK_BROKER_URL, TASKHOOK_PUBLIC_URL). Every command takes --json.
+    """
+    runtime = ctx.ensure_object(Runtime)
+    ctx.call_on_close(runtime.close)
+
+
+for _command in (db, workspace, source, task, explain, release, deliveries, stats, token):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """The ``taskhook`` console script."""
+    cli(prog_name="taskhook")

@@ -1,0 +1,33 @@
+"""``taskhook db``: the database schema."""
+
+from __future__ import annotations
+
+import click
+
+from worker.cli.output import emit_json, json_option
+from worker.cli.runtime import Runtime, pass_runtime
+
+
+@click.group()
+def db() -> None:
+    """The database schema."""
+
+
+@db.command("upgrade")
+@json_option
+@pass_runtime
+def db_upgrade(runtime: Runtime, as_json: bool) -> None:
+    """Migrate the configured database to the newest schema (safe to repeat)."""
+    # Imported here: Alembic is needed by this command alone.
+    from alembic.runtime.migration import MigrationContext
+
+    from migrations import upgrade_to_head
+
+    with runtime.engine.begin() as connection:
+        upgrade_to_head(connection)
+        revision = MigrationContext.configure(connection).get_current_revision()
+    url = runtime.database_url_for_people
+    if as_json:
+        emit_json({"database": url, "revision": revision})
+    else:
+        click.echo(f"Database {url} is at revision {revision}.")

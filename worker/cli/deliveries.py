@@ -1,0 +1,177 @@
+"""The inbox: ``taskhook deliveries list|show|replay`` and ``taskhook stats``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+
+from models.inbox import DeliveryStatus, replay
+from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY
+from models.reports import (
+    MAX_PAGE,
+    DeliveryDetail,
+    DeliverySummary,
+    inbox_stats,
+    list_deliveries,
+    show_delivery,
+)
+
+# The package itself, for the load_celery_app hook: looked up at call time, so
+# that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
+from worker import cli as cli_package
+from worker.cli.output import (
+    emit_json,
+    format_age,
+    format_when,
+    json_option,
+    print_fields,
+    print_table,
+)
+from worker.cli.runtime import Runtime, first_line, pass_runtime
+
+
+def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> None:
+    print_table(
+        ("ID", "RECEIVED", "SOURCE", "EVENT", "STATUS", "TRIES", "OUTCOME", "TASK", "REASON"),
+        (
+            (
+                d.id,
+                d.received_at,
+                d.source,
+                d.event,
+                d.status,
+                d.attempts,
+                d.outcome,
+                d.task_identifier or d.task_id,
+                d.last_error if d.status == DeliveryStatus.DEAD else d.status_reason,
+            )
+            for d in deliveries
+        ),
+        empty=empty,
+    )
+
+
+@click.group()
+def deliveries() -> None:
+    """The inbox: every delivery GitHub and Jira sent."""
+
+
+@deliveries.command("list")
+@click.option(
+    "--status",
+    type=click.Choice([status.value for status in DeliveryStatus]),
+    default=None,
+    help="Only deliveries in this state.",
+)
+@click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True)
+@click.option("--before", type=click.IntRange(min=1), default=None, help="Page: ids below this.")
+@json_option
+@pass_runtime
+def deliveries_list(
+    runtime: Runtime, status: str | None, limit: int, before: int | None, as_json: bool
+) -> None:
+    """Deliveries, newest first."""
+    with runtime.session() as session:
+        page = list_deliveries(session=session, status=status, limit=limit, before=before)
+    if as_json:
+        emit_json(page)
+        return
+    print_deliveries(page.deliveries, empty="No deliveries.")
+    if page.next_before is not None:
+        more = f"--status {status} " if status else ""
+        click.echo(f"More: taskhook deliveries list {more}--before {page.next_before}")
+
+
+@deliveries.command("show")
+@click.argument("delivery", type=int, metavar="ID")
+@json_option
+@pass_runtime
+def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
+    """One delivery: state, outcome, error and headers (never a signature)."""
+    with runtime.session() as session:
+        detail: DeliveryDetail = show_delivery(session=session, delivery_pk=delivery)
+    if as_json:
+        emit_json(detail)
+        return
+    d = detail.summary
+    print_fields(
+        [
+            ("delivery", f"{d.id}  ({d.provider} id {d.delivery_id})"),
+            ("source", f"{d.source} → workspace {detail.workspace}"),
+            ("event", d.event),
+            ("status", d.status),
+            ("reason", d.status_reason),
+            ("attempts", d.attempts),
+            ("outcome", d.outcome),
+            ("task", d.task_identifier or d.task_id),
+            ("last error", d.last_error),
+            ("received", d.received_at),
+            ("updated", d.updated_at),
+            ("lease until", d.lease_expires_at),
+            ("body", f"{detail.body_bytes} bytes, sha256 {detail.body_sha256}"),
+            ("content type", detail.content_type),
+            ("hook id", detail.hook_id),
+            ("mismatches", f"{detail.payload_mismatches} redelivery(ies) with another body"),
+        ]
+    )
+    if detail.headers:
+        click.echo("  headers")
+        print_fields([(f"  {name}", value) for name, value in detail.headers.items()])
+
+
+@deliveries.command("replay")
+@click.argument("delivery", type=int, metavar="ID")
+@json_option
+@pass_runtime
+def deliveries_replay(runtime: Runtime, delivery: int, as_json: bool) -> None:
+    """Send a needs_operator or dead delivery ID through the worker again."""
+    with runtime.session() as session:
+        replay(session=session, delivery_pk=delivery)
+    # Committed: only now may a worker see the message (store, commit, then enqueue).
+    try:
+        cli_package.load_celery_app().send_task(
+            PROCESS_DELIVERY, args=[delivery], queue=DELIVERIES_QUEUE
+        )
+        enqueued, problem = True, None
+    except Exception as error:  # the row is queued and durable: the sweeper sends it later
+        enqueued, problem = False, first_line(error)
+    if as_json:
+        emit_json(
+            {"delivery": delivery, "status": "queued", "enqueued": enqueued, "error": problem}
+        )
+        return
+    if enqueued:
+        click.echo(f"Delivery {delivery} is queued again and sent to the worker.")
+        click.echo(f"Follow it: taskhook deliveries show {delivery}")
+    else:
+        settings = runtime.settings
+        within = settings.queued_grace_seconds + settings.sweep_interval_seconds
+        click.echo(
+            f"Delivery {delivery} is queued again, but the broker did not take the message "
+            f"({problem}); the sweeper sends it within about {within:g}s once the broker is back."
+        )
+
+
+# --- stats ----------------------------------------------------------------------------
+
+
+@click.command("stats")
+@json_option
+@pass_runtime
+def stats(runtime: Runtime, as_json: bool) -> None:
+    """Deliveries by status and the age of the oldest queued one."""
+    with runtime.session() as session:
+        found = inbox_stats(session=session)
+    if as_json:
+        emit_json(found)
+        return
+    print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
+    click.echo()
+    if found.oldest_queued_at is None:
+        click.echo("Oldest queued: none (nothing waiting).")
+    else:
+        click.echo(
+            f"Oldest queued: received {format_age(found.oldest_queued_age_seconds or 0)} ago "
+            f"({format_when(found.oldest_queued_at)} UTC)."
+        )

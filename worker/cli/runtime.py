@@ -1,0 +1,140 @@
+"""The per-invocation runtime (settings, engine, sessions) and the CLI's errors.
+
+Also the root group's class, which turns the models' domain errors and the
+database's into the one-line refusals of exit code 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+from pydantic import ValidationError
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.db import make_engine, make_session_factory, session_scope
+from models.errors import TaskStoreError
+from models.external_id import InvalidExternalId
+from models.settings import Settings
+
+#: Exit code of a release whose request went out but got no answer.
+EXIT_NO_ANSWER = 3
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class Refused(click.ClickException):
+    """A user mistake or a refusal: one line on stderr, exit 1."""
+
+    exit_code = 1
+
+
+class NoAnswer(click.ClickException):
+    exit_code = EXIT_NO_ANSWER
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, safe to print."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _database_refusal(error: DBAPIError, url: str) -> Refused:
+    reason = first_line(error.orig if error.orig is not None else error)
+    # SQLite says "no such table"; PostgreSQL's undefined_table is SQLSTATE 42P01.
+    if "no such table" in reason or getattr(error.orig, "sqlstate", None) == "42P01":
+        return Refused(
+            f"the database at {url} has no taskhook tables yet: run `taskhook db upgrade`"
+        )
+    if isinstance(error, IntegrityError):  # a concurrent change won a unique constraint
+        return Refused(f"the database refused the change: {reason}")
+    return Refused(f"cannot use the database at {url}: {reason}")
+
+
+class TaskhookGroup(click.Group):
+    """The root group: turns the models' domain errors into one-line refusals."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TaskStoreError, InvalidExternalId) as error:
+            raise Refused(str(error)) from None
+        except DBAPIError as error:
+            runtime = ctx.find_object(Runtime)
+            url = runtime.database_url_for_people if runtime else "?"
+            raise _database_refusal(error, url) from None
+
+
+# --- per-invocation runtime: settings, engine, sessions -----------------------------
+
+
+class Runtime:
+    """What a command needs, built on first use: nothing at import, nothing unused."""
+
+    def __init__(self) -> None:
+        self._settings: Settings | None = None
+        self._engine: Engine | None = None
+        self._sessions: sessionmaker[Session] | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            # Settings() rather than the process-wide cached get_settings(): each
+            # invocation reads the environment as it is now.
+            try:
+                self._settings = Settings()
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = "".join(f"TASKHOOK_{str(part).upper()}: " for part in first["loc"][:1])
+                raise Refused(f"invalid settings: {where}{first['msg']}") from None
+        return self._settings
+
+    @property
+    def database_url_for_people(self) -> str:
+        try:
+            return make_url(self.settings.database_url).render_as_string(hide_password=True)
+        except ArgumentError:
+            return "<invalid TASKHOOK_DATABASE_URL>"
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            try:
+                self._engine = make_engine(self.settings.database_url, settings=self.settings)
+            except ArgumentError as error:
+                raise Refused(f"invalid TASKHOOK_DATABASE_URL: {first_line(error)}") from None
+        return self._engine
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One unit of work: commits when the block ends, rolls back on error."""
+        if self._sessions is None:
+            self._sessions = make_session_factory(self.engine)
+        with session_scope(self._sessions) as session:
+            yield session
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+
+
+pass_runtime = click.make_pass_decorator(Runtime)

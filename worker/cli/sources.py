@@ -1,0 +1,243 @@
+"""``taskhook source``: which GitHub or Jira webhook feeds which workspace."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict
+from urllib.parse import urlsplit
+
+import click
+from sqlalchemy.exc import IntegrityError
+
+from ingest import github, jira
+from models.reports import get_workspace, list_source_summaries
+from models.settings import Settings
+from models.sources import (
+    PROVIDERS,
+    add_secret,
+    add_source,
+    retire_older_secrets,
+    set_source_enabled,
+)
+from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.runtime import Refused, Runtime, pass_runtime
+
+#: Per provider: the adapter's handled events (what ``--events`` may name) and its defaults.
+ADAPTERS = {
+    "github": (github.HANDLED_EVENTS, github.DEFAULT_CREATE_EVENTS),
+    "jira": (jira.HANDLED_EVENTS, jira.DEFAULT_CREATE_EVENTS),
+}
+
+
+@click.group()
+def source() -> None:
+    """Webhook sources: which GitHub or Jira webhook feeds which workspace."""
+
+
+def webhook_url(settings: Settings, provider: str, slug: str) -> str:
+    return f"{settings.public_url.rstrip('/')}/webhooks/{provider}/{slug}"
+
+
+def _events_for(provider: str, given: str | None) -> list[str]:
+    handled, defaults = ADAPTERS[provider]
+    if given is None:
+        return sorted(defaults)
+    events = sorted({event.strip() for event in given.split(",") if event.strip()})
+    unknown = [event for event in events if event not in handled]
+    if not events or unknown:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or 'no event given'}: {provider} sources can create tasks "
+            f"from {', '.join(sorted(handled))}",
+            param_hint="--events",
+        )
+    return events
+
+
+def _print_secret_once(secret: str, provider: str) -> None:
+    where = "GitHub's webhook “Secret” field" if provider == "github" else "Jira's webhook secret"
+    click.echo(f"Secret:      {secret}")
+    click.echo(f"             Paste it into {where} now: it will not be shown again.")
+
+
+@source.command("add")
+@click.argument("provider", type=click.Choice(PROVIDERS))
+@click.option("--workspace", "workspace_slug", required=True, help="Workspace slug.")
+@click.option("--name", default=None, help="Source name, the URL's last part [WORKSPACE-PROVIDER].")
+@click.option("--secret", default=None, help="Signing secret; generated when omitted.")
+@click.option(
+    "--events",
+    default=None,
+    help="Comma-separated events that create tasks [the adapter's defaults].",
+)
+@click.option("--site", default=None, help="Jira only: the site links point at.")
+@json_option
+@pass_runtime
+def source_add(
+    runtime: Runtime,
+    provider: str,
+    workspace_slug: str,
+    name: str | None,
+    secret: str | None,
+    events: str | None,
+    site: str | None,
+    as_json: bool,
+) -> None:
+    """Connect a PROVIDER (github or jira) webhook to a workspace; print its URL."""
+    create_events = _events_for(provider, events)
+    if site is not None:
+        if provider != "jira":
+            raise click.BadParameter("only Jira sources have a site", param_hint="--site")
+        if urlsplit(site).scheme not in ("http", "https") or not urlsplit(site).netloc:
+            raise click.BadParameter(
+                f"{site!r} is not an http(s) URL, e.g. https://acme.atlassian.net",
+                param_hint="--site",
+            )
+    slug = name or f"{workspace_slug}-{provider}"
+    generated = secret is None
+    secret = secrets.token_urlsafe(32) if secret is None else secret
+    try:
+        with runtime.session() as session:
+            target = get_workspace(session=session, slug=workspace_slug)
+            added = add_source(
+                session=session,
+                provider=provider,
+                workspace_id=target.id,
+                slug=slug,
+                secret=secret,
+                create_events=create_events,
+                site_url=site,
+            )
+            site_url = added.site_url
+    except IntegrityError:  # a concurrent add won the unique name
+        raise Refused(f"a source named {slug!r} already exists") from None
+    url = webhook_url(runtime.settings, provider, slug)
+    # Printed only now, after the commit: a secret for a source that was never
+    # stored would be pasted into GitHub or Jira for nothing.
+    if as_json:
+        document = {
+            "source": slug,
+            "provider": provider,
+            "workspace": workspace_slug,
+            "url": url,
+            "events": create_events,
+            "site_url": site_url,
+        }
+        emit_json(document | ({"secret": secret} if generated else {}))
+        return
+    click.echo(f"Source {slug} added: {provider} → workspace {workspace_slug}.")
+    click.echo(f"Webhook URL: {url}")
+    click.echo(f"Events:      {', '.join(create_events)} create tasks; other events are stored")
+    if generated:
+        _print_secret_once(secret, provider)
+    else:
+        click.echo("Secret:      the one you gave (never printed)")
+    if provider == "github":
+        click.echo("In GitHub:   Settings → Webhooks → Add webhook; content type application/json;")
+        click.echo("             send the Issues and Pull requests events.")
+    else:
+        click.echo("In Jira:     Settings → System → WebHooks → Create a WebHook;")
+        click.echo("             send Issue created events.")
+
+
+@source.command("list")
+@json_option
+@pass_runtime
+def source_list(runtime: Runtime, as_json: bool) -> None:
+    """Every source and its webhook URL. Secrets are counted, never shown."""
+    with runtime.session() as session:
+        found = list_source_summaries(session=session)
+    urls = [webhook_url(runtime.settings, s.provider, s.slug) for s in found]
+    if as_json:
+        emit_json(
+            {"sources": [asdict(s) | {"url": url} for s, url in zip(found, urls, strict=True)]}
+        )
+        return
+    print_table(
+        ("NAME", "PROVIDER", "WORKSPACE", "ENABLED", "SECRETS", "EVENTS", "URL"),
+        (
+            (
+                s.slug,
+                s.provider,
+                s.workspace,
+                s.enabled,
+                s.active_secrets,
+                ",".join(s.create_events),
+                url,
+            )
+            for s, url in zip(found, urls, strict=True)
+        ),
+        empty="No sources yet: taskhook source add github|jira --workspace SLUG",
+    )
+
+
+def _set_enabled(runtime: Runtime, name: str, enabled: bool, as_json: bool) -> None:
+    with runtime.session() as session:
+        set_source_enabled(session=session, slug=name, enabled=enabled)
+    if as_json:
+        emit_json({"source": name, "enabled": enabled})
+    elif enabled:
+        click.echo(f"Source {name} enabled: its deliveries are accepted again.")
+    else:
+        click.echo(
+            f"Source {name} disabled: its deliveries are now answered 404 and not stored; "
+            f"`taskhook source enable {name}` undoes it."
+        )
+
+
+@source.command("disable")
+@click.argument("name")
+@json_option
+@pass_runtime
+def source_disable(runtime: Runtime, name: str, as_json: bool) -> None:
+    """Stop accepting deliveries from source NAME."""
+    _set_enabled(runtime, name, False, as_json)
+
+
+@source.command("enable")
+@click.argument("name")
+@json_option
+@pass_runtime
+def source_enable(runtime: Runtime, name: str, as_json: bool) -> None:
+    """Accept deliveries from source NAME again."""
+    _set_enabled(runtime, name, True, as_json)
+
+
+@source.command("rotate-secret")
+@click.argument("name")
+@click.option("--secret", default=None, help="The new secret; generated when omitted.")
+@click.option("--finish", is_flag=True, help="Retire every secret but the newest.")
+@json_option
+@pass_runtime
+def source_rotate_secret(
+    runtime: Runtime, name: str, secret: str | None, finish: bool, as_json: bool
+) -> None:
+    """Rotate source NAME's signing secret without rejecting a delivery.
+
+    Without --finish: add a new secret; old ones keep verifying until you have
+    pasted the new one into the provider. Then run again with --finish.
+    """
+    if finish:
+        if secret is not None:
+            raise click.UsageError("--finish retires old secrets; it takes no --secret")
+        with runtime.session() as session:
+            retired = retire_older_secrets(session=session, slug=name)
+        if as_json:
+            emit_json({"source": name, "retired": retired})
+        else:
+            click.echo(
+                f"Retired {retired} older secret(s) of {name}: only the newest verifies now."
+            )
+        return
+
+    generated = secret is None
+    secret = secrets.token_urlsafe(32) if secret is None else secret
+    with runtime.session() as session:
+        rotated = add_secret(session=session, slug=name, new_secret=secret)
+        provider = rotated.provider
+    if as_json:
+        emit_json({"source": name} | ({"secret": secret} if generated else {}))
+        return
+    click.echo(f"New secret added to {name}; the old ones keep verifying until --finish.")
+    if generated:
+        _print_secret_once(secret, provider)
+    click.echo(f"Then: taskhook source rotate-secret {name} --finish")

@@ -1,0 +1,345 @@
+"""Tasks and identities: ``taskhook task lookup``, ``explain`` and ``release``."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+import click
+
+from models.inbox import DeliveryStatus
+from models.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
+from models.reports import Lineage, TaskView, lineage, timeline
+from models.tables import utcnow
+
+# The package itself, for the load_celery_app hook: looked up at call time, so
+# that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
+from worker import cli as cli_package
+from worker.cli.deliveries import print_deliveries
+from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
+from worker.cli.runtime import NoAnswer, Refused, Runtime, first_line, pass_runtime, redacted
+
+DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
+
+
+def _task_json(view: TaskView | None) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    return asdict(view) | {"settled": view.settled, "archived": view.archived}
+
+
+def _settlement(view: TaskView) -> str:
+    if view.settled:
+        return f"settled at {format_when(view.settled_at)} (creation complete)"
+    return "NOT SETTLED: its create had not finished when looked at (it may still be running)"
+
+
+def creator_advice(found: Lineage, holder: TaskView, now: datetime) -> tuple[bool, str]:
+    """(may the create still finish on its own?, what the creator is doing and what to do).
+
+    Only the delivery that inserted an unsettled task may finish its create,
+    and replaying it does exactly that, so the advice points there first.
+    """
+    creator = found.creator_of(holder)
+    if creator is None:
+        if holder.created_by_delivery:
+            return False, (
+                f"its creating delivery {holder.created_by_delivery} is gone from the inbox: "
+                "nothing will finish this create"
+            )
+        return False, (
+            "it was created outside the webhooks (REST API): only its caller could have finished it"
+        )
+    pk, status, lease = creator.id, creator.status, creator.lease_expires_at
+    if status == DeliveryStatus.PROCESSING and lease is not None and lease > now:
+        return True, (
+            f"delivery {pk} is being processed now (attempt {creator.attempts}, lease until "
+            f"{format_when(lease)} UTC): wait for it"
+        )
+    if status == DeliveryStatus.PROCESSING:
+        return True, (
+            f"delivery {pk}'s worker stopped (its lease ran out at {format_when(lease)} UTC); the "
+            "sweeper sends it again and it finishes its own create: wait a sweep or two"
+        )
+    if status == DeliveryStatus.QUEUED:
+        return True, f"delivery {pk} is queued: when it runs it finishes its own create. Wait."
+    if status in (DeliveryStatus.DEAD, DeliveryStatus.NEEDS_OPERATOR):
+        return False, (
+            f"delivery {pk} is {status}: read `taskhook deliveries show {pk}`, fix the cause, "
+            f"then `taskhook deliveries replay {pk}` finishes its own create"
+        )
+    return False, (
+        f"delivery {pk} is {status} but its create never settled: read "
+        f"`taskhook deliveries show {pk}` before anything else"
+    )
+
+
+def _task_fields(found: Lineage, view: TaskView) -> list[tuple[str, Any]]:
+    fields: list[tuple[str, Any]] = [
+        ("task", f"{view.identifier}  {view.title}"),
+        ("external id", view.external_id),
+        ("state", _settlement(view)),
+    ]
+    if not view.settled:
+        fields.append(("creator", creator_advice(found, view, utcnow())[1]))
+    return [
+        *fields,
+        ("archived", format_when(view.archived_at) if view.archived else "no"),
+        ("created", view.created_at),
+        ("created by", f"delivery {view.created_by_delivery}" if view.created_by_delivery else "-"),
+        ("source", view.source_url),
+    ]
+
+
+def _lineage(runtime: Runtime, workspace_slug: str, external_id: str) -> Lineage:
+    with runtime.session() as session:
+        return lineage(session=session, workspace_slug=workspace_slug, external_id=external_id)
+
+
+def _nobody_holds(found: Lineage) -> Refused:
+    released = (
+        f" (released {len(found.releases)} time(s): "
+        f"taskhook explain --workspace {found.workspace} {found.external_id!r})"
+        if found.releases
+        else ""
+    )
+    return Refused(
+        f"no task in workspace {found.workspace} holds external id {found.external_id!r}{released}"
+    )
+
+
+workspace_option = click.option(
+    "--workspace", "workspace_slug", required=True, help="Workspace slug."
+)
+
+
+@click.group()
+def task() -> None:
+    """Tasks, by the external id that made them."""
+
+
+@task.command("lookup")
+@workspace_option
+@click.argument("external_id")
+@json_option
+@pass_runtime
+def task_lookup(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bool) -> None:
+    """The task holding EXTERNAL_ID (settled or not) and the deliveries that touched it.
+
+    Put `--` before an EXTERNAL_ID that starts with a dash.
+    """
+    found = _lineage(runtime, workspace_slug, external_id)
+    if found.holder is None:
+        raise _nobody_holds(found)
+    touched = found.deliveries_of(found.holder.id)
+    if as_json:
+        emit_json(
+            {
+                "workspace": found.workspace,
+                "external_id": found.external_id,
+                "task": _task_json(found.holder),
+                "deliveries": [asdict(d) for d in touched],
+            }
+        )
+        return
+    print_fields(_task_fields(found, found.holder))
+    click.echo()
+    print_deliveries(touched, empty="No delivery touched it (it was created through the API).")
+
+
+@click.command("explain")
+@workspace_option
+@click.argument("external_id")
+@json_option
+@pass_runtime
+def explain(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bool) -> None:
+    """The lineage of EXTERNAL_ID, delivery → outcome → task, in time order."""
+    found = _lineage(runtime, workspace_slug, external_id)
+    if not found.known:
+        raise Refused(
+            f"nothing in workspace {found.workspace} holds or held external id "
+            f"{found.external_id!r}"
+        )
+    events = timeline(found)
+    if as_json:
+        emit_json(
+            {
+                "workspace": found.workspace,
+                "external_id": found.external_id,
+                "holder": _task_json(found.holder),
+                "former_holders": [_task_json(view) for view in found.former_holders],
+                "releases": [asdict(release) for release in found.releases],
+                "deliveries": [asdict(d) for d in found.deliveries],
+                "events": [asdict(event) for event in events],
+            }
+        )
+        return
+    click.echo(f"External id {found.external_id!r} in workspace {found.workspace}:")
+    click.echo()
+    print_table(
+        ("TIME", "EVENT", "DETAIL"),
+        ((event.at, event.what, event.detail) for event in events),
+        empty="(no events)",
+    )
+    click.echo()
+    holder = found.holder
+    if holder is None:
+        click.echo("Now: no task holds it; the next delivery for the item creates a new task.")
+    elif holder.settled:
+        click.echo(f"Now: held by {holder.identifier}, settled. Nothing to do.")
+    else:
+        click.echo(f"Now: held by {holder.identifier}, {_settlement(holder)}.")
+        click.echo(f"Its creator: {creator_advice(found, holder, utcnow())[1]}.")
+        click.echo(
+            "Other deliveries for it wait, then park as needs_operator. Read "
+            "docs/runbook.md (needs_operator) before any `taskhook release`."
+        )
+
+
+def _default_operator() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (some containers)
+        return os.environ.get("USER") or None
+
+
+def _release_preview(found: Lineage, holder: TaskView) -> list[tuple[str, Any]]:
+    touched = found.deliveries_of(holder.id)
+    parked = [d.id for d in touched if d.status == DeliveryStatus.NEEDS_OPERATOR]
+    waiting = f"; needs_operator: {', '.join(map(str, parked))}" if parked else ""
+    return [
+        *_task_fields(found, holder),
+        ("deliveries", f"{len(touched)} touched it{waiting}"),
+    ]
+
+
+def _release_warning(found: Lineage, holder: TaskView) -> str:
+    if holder.settled:
+        return (
+            "Its create FINISHED. After a release the task stays, without this identity, and "
+            "the next delivery for the item creates a SECOND task."
+        )
+    may_finish, _ = creator_advice(found, holder, utcnow())
+    if may_finish:
+        return (
+            "WARNING: its create may still finish on its own (see creator above). Releasing "
+            "now leaves it without its identity and the next delivery makes a SECOND task."
+        )
+    return (
+        "After a release the task stays, without this identity, and the next delivery for "
+        "the item creates a NEW task."
+    )
+
+
+@click.command("release")
+@workspace_option
+@click.argument("external_id")
+@click.option("--reason", required=True, help="Why; kept in the audit row.")
+@click.option("--operator", default=None, help="Who releases [the OS user].")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_RELEASE_TIMEOUT_SECONDS,
+    show_default=True,
+    help="Seconds to wait for the operator worker's answer.",
+)
+@json_option
+@pass_runtime
+def release(
+    runtime: Runtime,
+    workspace_slug: str,
+    external_id: str,
+    reason: str,
+    operator: str | None,
+    yes: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Free EXTERNAL_ID from its task, through the operator worker, audited.
+
+    The one unsafe command: afterwards the next delivery for the item creates
+    a new task. Read docs/runbook.md first.
+    """
+    if not reason.strip():
+        raise click.BadParameter("a release must give a reason", param_hint="--reason")
+    operator = (operator or _default_operator() or "").strip()
+    if not operator:
+        raise click.BadParameter(
+            "cannot tell who you are; pass --operator", param_hint="--operator"
+        )
+
+    found = _lineage(runtime, workspace_slug, external_id)
+    holder = found.holder
+    if holder is None:
+        raise _nobody_holds(found)
+    # With --json the preview and the question go to stderr; stdout stays one document.
+    click.echo(
+        f"Release external id {found.external_id!r} in workspace {found.workspace} from:",
+        err=as_json,
+    )
+    print_fields(_release_preview(found, holder), err=as_json)
+    click.echo(_release_warning(found, holder), err=as_json)
+    if not yes:
+        click.confirm("Release it?", abort=True, err=as_json)
+
+    args = [found.workspace_id, found.external_id, operator, reason]
+    answered, reply = _await_answer(_send_release(runtime, args), timeout)
+    if not answered:
+        raise NoAnswer(
+            f"the operator worker did not answer within {timeout:g}s: is taskhook's operator "
+            f"worker running (celery -A worker worker -Q {OPERATOR_QUEUE})? The request stays "
+            "queued and may still run when one starts: check `taskhook task lookup` before "
+            "sending it again."
+        )
+    if not isinstance(reply, dict):
+        raise Refused(f"the operator worker answered something unexpected: {reply!r}")
+    if not reply.get("released"):
+        raise Refused(f"not released: {reply.get('error') or 'no reason given'}")
+    parked = [
+        d.id for d in found.deliveries_of(holder.id) if d.status == DeliveryStatus.NEEDS_OPERATOR
+    ]
+    if as_json:
+        emit_json(reply | {"workspace": found.workspace, "needs_operator_deliveries": parked})
+        return
+    click.echo(
+        f"Released {reply.get('external_id', found.external_id)!r} from "
+        f"{reply.get('identifier', holder.identifier)} (task {reply.get('task_id', holder.id)}); "
+        f"audit row {reply.get('audit_id')}, operator {operator}."
+    )
+    for pk in parked:
+        click.echo(f"Parked delivery {pk} can go through again: taskhook deliveries replay {pk}")
+
+
+def _send_release(runtime: Runtime, args: list[Any]) -> Any:
+    """Send RELEASE_IDENTITY; the pending result, or a refusal when the broker is down."""
+    app = cli_package.load_celery_app()
+    try:
+        return app.send_task(RELEASE_IDENTITY, args=args, queue=OPERATOR_QUEUE)
+    except Exception as error:  # kombu's connection errors have no common base worth naming
+        broker = redacted(runtime.settings.broker_url)
+        raise Refused(
+            f"cannot reach the broker at {broker}: {first_line(error)}; nothing was released"
+        ) from None
+
+
+def _await_answer(pending: Any, timeout: float) -> tuple[bool, Any]:
+    """(True, the operator task's answer) or (False, None) when none came in time."""
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    try:
+        return True, pending.get(timeout=timeout)
+    except CeleryTimeout:
+        # Stop waiting now, while the result backend's connection is open: left
+        # pending, Celery unsubscribes in AsyncResult.__del__ at interpreter
+        # exit and prints a traceback when the connection is already gone.
+        backend = getattr(pending, "backend", None)
+        if backend is not None:
+            backend.remove_pending_result(pending)
+            pending.backend = None
+        return False, None
+    except Exception as error:  # the task itself raised: report it, no traceback
+        return True, {"released": False, "error": f"{type(error).__name__}: {first_line(error)}"}

@@ -1,0 +1,110 @@
+"""``taskhook token``: bearer tokens for the REST API, each scoped to its workspaces."""
+
+from __future__ import annotations
+
+import click
+
+from models.reports import get_workspace, list_workspaces
+from models.tokens import Role, issue_token, list_tokens, revoke_token
+from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.runtime import Runtime, pass_runtime
+
+
+@click.group()
+def token() -> None:
+    """Bearer tokens for the REST API, each scoped to its workspaces."""
+
+
+@token.command("add")
+@click.option(
+    "--workspace",
+    "workspace_slugs",
+    required=True,
+    multiple=True,
+    help="A workspace the token may see (repeat for several).",
+)
+@click.option(
+    "--role",
+    type=click.Choice([role.value for role in Role]),
+    default=Role.MEMBER.value,
+    show_default=True,
+    help="operator tokens may also release external ids.",
+)
+@click.option("--name", required=True, help="Who holds it; audit rows name it.")
+@json_option
+@pass_runtime
+def token_add(
+    runtime: Runtime, workspace_slugs: tuple[str, ...], role: str, name: str, as_json: bool
+) -> None:
+    """Make a token and print it once: only its hash is kept."""
+    with runtime.session() as session:
+        workspace_ids = [get_workspace(session=session, slug=slug).id for slug in workspace_slugs]
+        issued = issue_token(session=session, name=name, role=role, workspace_ids=workspace_ids)
+        summary = {
+            "id": issued.record.id,
+            "name": issued.record.name,
+            "role": issued.record.role,
+            "workspaces": sorted(workspace_slugs),
+            "token": issued.token,
+        }
+    if as_json:
+        emit_json(summary)
+        return
+    click.echo(f"Token {summary['id']} ({role}) for {name} on {', '.join(summary['workspaces'])}:")
+    click.echo(f"  {issued.token}")
+    click.echo("It is shown once and cannot be recovered; send it as 'Authorization: Bearer …'.")
+
+
+@token.command("list")
+@json_option
+@pass_runtime
+def token_list(runtime: Runtime, as_json: bool) -> None:
+    """Every token, never the token itself."""
+    with runtime.session() as session:
+        slugs = {w.id: w.slug for w in list_workspaces(session=session)}
+        rows = [
+            {
+                "id": record.id,
+                "name": record.name,
+                "role": record.role,
+                "prefix": record.token_prefix + "…",
+                "workspaces": [slugs.get(w, str(w)) for w in workspace_ids],
+                "created_at": record.created_at,
+                "revoked_at": record.revoked_at,
+            }
+            for record, workspace_ids in list_tokens(session=session)
+        ]
+    if as_json:
+        emit_json({"tokens": rows})
+        return
+    print_table(
+        ("ID", "NAME", "ROLE", "TOKEN", "WORKSPACES", "CREATED", "REVOKED"),
+        (
+            (
+                r["id"],
+                r["name"],
+                r["role"],
+                r["prefix"],
+                ",".join(r["workspaces"]),
+                r["created_at"],
+                r["revoked_at"],
+            )
+            for r in rows
+        ),
+        empty="No tokens yet: taskhook token add --workspace SLUG --name NAME",
+    )
+
+
+@token.command("revoke")
+@click.argument("token_id", type=int)
+@json_option
+@pass_runtime
+def token_revoke(runtime: Runtime, token_id: int, as_json: bool) -> None:
+    """Revoke token TOKEN_ID: it answers 401 from now on."""
+    with runtime.session() as session:
+        record = revoke_token(session=session, token_id=token_id)
+        summary = {"id": record.id, "name": record.name, "revoked_at": record.revoked_at}
+    if as_json:
+        emit_json(summary)
+        return
+    click.echo(f"Token {token_id} ({summary['name']}) is revoked.")
