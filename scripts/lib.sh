@@ -5,16 +5,22 @@ PYTHON=${PYTHON:-python3.11}
 VENV=${TASKHOOK_VENV:-.venv}
 
 # ensure_venv EXTRAS: create .venv if needed and (re)install the project when
-# pyproject.toml or the wanted extras changed since the last install.
+# pyproject.toml changed since the last install or the wanted extras are
+# missing (an install with the dev extras also serves the run command).
 ensure_venv() {
     local extras=$1
     local stamp="$VENV/.taskhook-installed"
-    local want
-    want="$(sha256sum pyproject.toml | cut -d' ' -f1) [$extras]"
+    local project want
+    project="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+    want="$project [$extras]"
     if [ ! -x "$VENV/bin/python" ]; then
         echo "==> creating $VENV with $($PYTHON --version)"
         "$PYTHON" -m venv "$VENV"
-        "$VENV/bin/python" -m pip install --quiet --upgrade pip
+        "$VENV/bin/python" -m pip install --quiet --upgrade pip >"$VENV/pip.log" 2>&1 ||
+            { cat "$VENV/pip.log" >&2; return 1; }
+    fi
+    if [ -z "$extras" ] && [ -f "$stamp" ] && grep -q "^$project " "$stamp"; then
+        return 0
     fi
     if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp"; then
         echo "==> installing taskhook${extras:+[$extras]} into $VENV"

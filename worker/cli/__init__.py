@@ -25,7 +25,7 @@ Layout: ``runtime`` (settings, engine, sessions; the errors and the root
 group's error translation), ``output`` (``--json``, tables, fields), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
 lookup, explain, release), ``deliveries`` (list, show, replay, stats),
-``tokens``.
+``tokens``, ``demo`` (a workspace to try, signed samples to send it).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import click
 
 from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
+from worker.cli.demo import demo
 from worker.cli.runtime import EXIT_NO_ANSWER, Runtime, TaskhookGroup
 from worker.cli.sources import source
 from worker.cli.tasks import explain, release, task
@@ -71,7 +72,7 @@ def cli(ctx: click.Context) -> None:
     ctx.call_on_close(runtime.close)
 
 
-for _command in (db, workspace, source, task, explain, release, deliveries, stats, token):
+for _command in (db, workspace, source, task, explain, release, deliveries, stats, token, demo):
     cli.add_command(_command)
 
 

@@ -1,0 +1,138 @@
+"""``taskhook demo``: a workspace to try taskhook with, and signed sample
+deliveries to send it. ``scripts/run`` calls ``demo setup``; a person then
+runs ``taskhook demo send github`` and watches a task appear."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import click
+
+from models.reports import list_source_summaries, list_workspaces
+from models.sources import add_source, verifying_source
+from models.workspaces import create_workspace
+from worker.cli.output import emit_json, json_option
+from worker.cli.runtime import Refused, Runtime, pass_runtime
+from worker.cli.sources import webhook_url
+
+#: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+SAMPLES = {"github": "issues__opened", "jira": "jira_issue_created__cloud"}
+DEMO_SOURCES = {"github": "demo-github", "jira": "demo-jira"}
+
+
+@click.group()
+def demo() -> None:
+    """A demo workspace, and sample deliveries to send it."""
+
+
+@demo.command("setup")
+@json_option
+@pass_runtime
+def demo_setup(runtime: Runtime, as_json: bool) -> None:
+    """Create workspace demo with a GitHub and a Jira source, unless any workspace exists."""
+    with runtime.session() as session:
+        created = not list_workspaces(session=session)
+        if created:
+            workspace = create_workspace(
+                session=session, slug="demo", name="Demo", task_prefix="DEMO"
+            )
+            add_source(
+                session=session,
+                provider="github",
+                workspace_id=workspace.id,
+                slug=DEMO_SOURCES["github"],
+                secret=secrets.token_urlsafe(32),
+                create_events=["issues.opened", "pull_request.opened"],
+            )
+            add_source(
+                session=session,
+                provider="jira",
+                workspace_id=workspace.id,
+                slug=DEMO_SOURCES["jira"],
+                secret=secrets.token_urlsafe(32),
+                create_events=["jira:issue_created"],
+                site_url="https://demo.atlassian.net",
+            )
+        sources = [
+            (found.slug, found.provider, webhook_url(runtime.settings, found.provider, found.slug))
+            for found in list_source_summaries(session=session)
+        ]
+    if as_json:
+        emit_json(
+            {
+                "created": created,
+                "sources": [
+                    dict(zip(("source", "provider", "url"), s, strict=True)) for s in sources
+                ],
+            }
+        )
+        return
+    click.echo("==> demo workspace created" if created else "==> existing workspaces kept")
+    for slug, provider, url in sources:
+        click.echo(f"    {provider:6} {slug:20} {url}")
+    click.echo("==> send a signed sample delivery: .venv/bin/taskhook demo send github|jira")
+
+
+@demo.command("send")
+@click.argument("provider", type=click.Choice(sorted(SAMPLES)))
+@click.option("--source", "slug", default=None, help="Source name [demo-PROVIDER].")
+@json_option
+@pass_runtime
+def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) -> None:
+    """Sign a real PROVIDER sample with the source's secret and POST it to the ingress.
+
+    Each send is a new delivery of the same issue: the first makes a task, the
+    next ones find it (deduplicated).
+    """
+    slug = slug or DEMO_SOURCES[provider]
+    with runtime.session() as session:
+        source = verifying_source(session=session, provider=provider, slug=slug)
+    if source is None:
+        raise Refused(f"no enabled {provider} source named {slug!r} (taskhook source list)")
+    sample = FIXTURES / provider / f"{SAMPLES[provider]}.json"
+    if not sample.exists():
+        raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
+    body = sample.read_bytes()
+    url = webhook_url(runtime.settings, provider, slug)
+    request = urllib.request.Request(
+        url, data=body, headers=_signed_headers(provider, body, source.secrets[-1])
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, answer = response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        status, answer = error.code, error.read().decode()
+    except urllib.error.URLError as error:
+        raise Refused(
+            f"cannot reach the ingress at {url}: {error.reason} (is `web` running?)"
+        ) from None
+    if as_json:
+        emit_json({"url": url, "status": status, "answer": json.loads(answer or "null")})
+        return
+    click.echo(f"POST {url} → {status} {answer}")
+    if status == 202:
+        click.echo("Then: .venv/bin/taskhook deliveries list  (or task lookup --workspace demo …)")
+
+
+def _signed_headers(provider: str, body: bytes, secret: str) -> dict[str, str]:
+    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    if provider == "github":
+        return {
+            "Content-Type": "application/json",
+            "X-GitHub-Event": "issues",
+            "X-GitHub-Delivery": str(uuid.uuid4()),
+            "X-Hub-Signature-256": signature,
+        }
+    return {
+        "Content-Type": "application/json",
+        "X-Atlassian-Webhook-Identifier": str(uuid.uuid4().int % 10**12),
+        "X-Hub-Signature": signature,
+    }
