@@ -15,9 +15,10 @@ class IngressMetrics:
     def __post_init__(self) -> None:
         self.deliveries = Counter(
             "taskhook_deliveries",
-            "Webhook deliveries answered, by provider and result "
-            "(queued, duplicate, ignored, or the reason one was refused).",
-            ["provider", "result"],
+            "Webhook deliveries answered, by provider, source and result (queued, "
+            "duplicate, ignored, or why one was refused). The source is '-' when it "
+            "was unknown or could not be read, so random URLs cannot grow the series.",
+            ["provider", "source", "result"],
             registry=self.registry,
         )
         self.payload_mismatches = Counter(

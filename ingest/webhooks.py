@@ -80,7 +80,7 @@ async def _receive(provider: str, slug: str, request: Request) -> JSONResponse:
     except Refusal as refusal:
         status, answer, result = refusal.status, {"error": refusal.reason}, refusal.result
     except StoreUnavailable:
-        runtime.metrics.deliveries.labels(provider, "store_unavailable").inc()
+        runtime.metrics.deliveries.labels(provider, "-", "store_unavailable").inc()
         return JSONResponse(
             {"error": "the delivery store is unavailable; retry later"},
             status_code=503,
@@ -88,7 +88,8 @@ async def _receive(provider: str, slug: str, request: Request) -> JSONResponse:
         )
     finally:
         runtime.metrics.latency.labels(provider).observe(time.perf_counter() - started)
-    runtime.metrics.deliveries.labels(provider, result).inc()
+    source = "-" if result == "unknown_source" else slug
+    runtime.metrics.deliveries.labels(provider, source, result).inc()
     return JSONResponse(answer, status_code=status)
 
 

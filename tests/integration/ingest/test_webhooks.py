@@ -407,7 +407,10 @@ def test_health_readiness_and_metrics(ingress: Ingress):
     assert ready.status_code == 200, ready.json()
     ingress.github("issues__opened")
     metrics = ingress.client.get("/metrics").text
-    assert 'taskhook_deliveries_total{provider="github",result="queued"} 1.0' in metrics
+    assert (
+        'taskhook_deliveries_total{provider="github",result="queued",source="acme-github"} 1.0'
+        in metrics
+    )
     assert "taskhook_ingress_seconds_bucket" in metrics
 
 
