@@ -14,17 +14,25 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from ingest.runtime import Runtime
+from ingest.rest import (
+    MAX_ID,
+    TASK_NOT_CREATED,
+    TASK_NOT_FOUND,
+    ApiError,
+    Caller,
+    Id,
+    error_responses,
+    in_session,
+    require_access,
+)
 from ingest.schemas import (
     CreatedTask,
-    ErrorBody,
     FoundTask,
     TaskCreate,
     TaskPage,
@@ -32,7 +40,6 @@ from ingest.schemas import (
     TaskRead,
     task_body,
 )
-from models.db import session_scope
 from models.errors import (
     InvalidRelease,
     InvalidTask,
@@ -52,66 +59,10 @@ from models.tasks import (
     release_external_id,
     update_task,
 )
-from models.tokens import Principal, authenticate
 
 T = TypeVar("T")
 
-#: Ids are 32-bit integers in the database; a larger one can name nothing.
-MAX_ID = 2**31 - 1
-Id = Annotated[int, Path(ge=1, le=MAX_ID)]
-
-TASK_NOT_CREATED = "task not created"
-TASK_NOT_FOUND = "task not found"
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, error: str) -> None:
-        super().__init__(error)
-        self.status = status
-        self.error = error
-
-
-def api_error_response(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse({"error": error.error}, status_code=error.status, headers=headers)
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorBody} for status in statuses}
-
-
-_bearer = HTTPBearer(auto_error=False, description="A token from `taskhook token add`.")
-
-
-def current_principal(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    if credentials is None:
-        raise ApiError(401, "missing bearer token")
-    runtime: Runtime = request.app.state.runtime
-    with runtime.store_errors(), runtime.sessions() as session:
-        principal = authenticate(session=session, token=credentials.credentials)
-    if principal is None:
-        raise ApiError(401, "invalid or revoked token")
-    return principal
-
-
-Caller = Annotated[Principal, Depends(current_principal)]
-
-router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=_errors(400, 401, 503))
-
-
-def _in_session(request: Request, work: Callable[[Session], T]) -> T:
-    """Run ``work`` in one unit of work; database failures become a 503."""
-    runtime: Runtime = request.app.state.runtime
-    with runtime.store_errors(), session_scope(runtime.sessions) as session:
-        return work(session)
-
-
-def _require_access(principal: Principal, workspace_id: Id, not_found: str) -> None:
-    if not principal.caller.may_access(workspace_id):
-        raise ApiError(404, not_found)
+router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=error_responses(400, 401, 503))
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -136,7 +87,7 @@ def _first_problem(error: ValidationError) -> str:
 @router.post(
     "/tasks",
     response_model=CreatedTask,
-    responses=_errors(400, 404, 409),
+    responses=error_responses(400, 404, 409),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -155,7 +106,7 @@ async def create(request: Request, principal: Caller) -> JSONResponse:
     if type(workspace_id) is not int:
         raise ApiError(400, "workspace_id: an integer is required")
     # Authorization precedes any external-ID work.
-    _require_access(principal, workspace_id, TASK_NOT_CREATED)
+    require_access(principal, workspace_id, TASK_NOT_CREATED)
     try:
         fields = TaskCreate.model_validate(body)
     except ValidationError as error:
@@ -179,7 +130,7 @@ async def create(request: Request, principal: Caller) -> JSONResponse:
         )
 
     try:
-        return JSONResponse(await run_in_threadpool(_in_session, request, work))
+        return JSONResponse(await run_in_threadpool(in_session, request, work))
     except WorkspaceNotAccessible:
         raise ApiError(404, TASK_NOT_CREATED) from None
     except (InvalidExternalId, InvalidTask) as error:
@@ -197,7 +148,7 @@ ExternalIdQuery = Annotated[str | None, Query(description="The external id to lo
 @router.get(
     BY_EXTERNAL_ID,
     response_model=FoundTask,
-    responses=_errors(400, 404),
+    responses=error_responses(400, 404),
     summary="Find the task that holds an external_id (read-only)",
 )
 def lookup(
@@ -206,7 +157,7 @@ def lookup(
     """The task holding ``external_id`` -- archived and unsettled ones included --
     with ``creation_complete``. Never creates anything. A caller that wants to
     recover after a long absence should look up first and create only on 404."""
-    _require_access(principal, workspace_id, TASK_NOT_FOUND)
+    require_access(principal, workspace_id, TASK_NOT_FOUND)
 
     def work(session: Session) -> dict | None:
         task = find_task_by_external_id(
@@ -220,7 +171,7 @@ def lookup(
         return task_body(task, creation_complete=task.external_id_settled_at is not None)
 
     try:
-        found = _in_session(request, work)
+        found = in_session(request, work)
     except WorkspaceNotAccessible:
         raise ApiError(404, TASK_NOT_FOUND) from None
     except InvalidExternalId as error:
@@ -233,7 +184,7 @@ def lookup(
 @router.delete(
     BY_EXTERNAL_ID,
     status_code=204,
-    responses=_errors(400, 403, 404),
+    responses=error_responses(400, 403, 404),
     summary="Release an external_id (operator role): the task stays, the identity is freed",
 )
 def release(
@@ -249,7 +200,7 @@ def release(
     audit row naming the token. Release is for an identity a person has
     determined is abandoned -- never an automatic answer to
     ``creation_complete: false``."""
-    _require_access(principal, workspace_id, TASK_NOT_FOUND)
+    require_access(principal, workspace_id, TASK_NOT_FOUND)
     if not principal.is_operator:
         raise ApiError(403, "releasing an external_id needs an operator token")
 
@@ -263,7 +214,7 @@ def release(
         )
 
     try:
-        _in_session(request, work)
+        in_session(request, work)
     except (InvalidExternalId, InvalidRelease) as error:
         raise ApiError(400, str(error)) from None
     except TaskNotFound:
@@ -276,14 +227,14 @@ def release(
 
 def _task_route(request: Request, work: Callable[[Session], T]) -> T:
     try:
-        return _in_session(request, work)
+        return in_session(request, work)
     except (TaskNotFound, WorkspaceNotAccessible):
         raise ApiError(404, TASK_NOT_FOUND) from None
     except InvalidTask as error:
         raise ApiError(400, str(error)) from None
 
 
-@router.get("/tasks/{task_id}", response_model=TaskRead, responses=_errors(404))
+@router.get("/tasks/{task_id}", response_model=TaskRead, responses=error_responses(404))
 def read_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     return JSONResponse(
         _task_route(
@@ -293,7 +244,9 @@ def read_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     )
 
 
-@router.get("/workspaces/{workspace_id}/tasks", response_model=TaskPage, responses=_errors(404))
+@router.get(
+    "/workspaces/{workspace_id}/tasks", response_model=TaskPage, responses=error_responses(404)
+)
 def read_tasks(
     request: Request,
     principal: Caller,
@@ -303,7 +256,7 @@ def read_tasks(
         int, Query(ge=0, le=MAX_ID, description="Return tasks with ids above this.")
     ] = 0,
 ) -> JSONResponse:
-    _require_access(principal, workspace_id, TASK_NOT_FOUND)
+    require_access(principal, workspace_id, TASK_NOT_FOUND)
 
     def work(session: Session) -> dict:
         tasks = list_tasks(
@@ -324,7 +277,7 @@ def read_tasks(
 @router.patch(
     "/tasks/{task_id}",
     response_model=TaskRead,
-    responses=_errors(400, 404),
+    responses=error_responses(400, 404),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -357,7 +310,7 @@ async def edit_task(request: Request, principal: Caller, task_id: Id) -> JSONRes
     return JSONResponse(await run_in_threadpool(_task_route, request, work))
 
 
-@router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=_errors(404))
+@router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=error_responses(404))
 def archive(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     """Archive the task. It keeps its external_id: a retried create still finds it."""
     return JSONResponse(
@@ -368,7 +321,7 @@ def archive(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
     )
 
 
-@router.delete("/tasks/{task_id}", status_code=204, responses=_errors(404))
+@router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(404))
 def delete(request: Request, principal: Caller, task_id: Id) -> Response:
     """Delete the task. Its external_id is free again: a later create makes a new task."""
     _task_route(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))

@@ -21,7 +21,7 @@ from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ingest import api, webhooks
+from ingest import api, events, rest, webhooks
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import Runtime, StoreUnavailable
@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     )
     app.include_router(webhooks.router)
     app.include_router(api.router)
+    app.include_router(events.router)
     _add_operational_routes(app)
     _add_error_handlers(app, settings)
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
@@ -93,9 +94,9 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
             headers={"Retry-After": str(settings.retry_after_seconds)},
         )
 
-    @app.exception_handler(api.ApiError)
-    async def _api_error(request: Request, error: api.ApiError) -> JSONResponse:
-        return api.api_error_response(error)
+    @app.exception_handler(rest.ApiError)
+    async def _api_error(request: Request, error: rest.ApiError) -> JSONResponse:
+        return rest.api_error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:

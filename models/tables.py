@@ -283,3 +283,40 @@ class ApiTokenWorkspace(Base):
     workspace_id: Mapped[int] = mapped_column(
         ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
     )
+
+
+class TaskEvent(Base):
+    """One thing that happened to a task, in a durable, resumable stream.
+
+    ``position`` numbers a workspace's events 1, 2, 3, ... in commit order
+    (see ``models.events``), so a reader that resumes after position N misses
+    nothing and sees nothing twice.
+    """
+
+    __tablename__ = "task_events"
+    __table_args__ = (
+        UniqueConstraint("workspace_id", "position"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    #: task.created, task.archived, task.deleted, task.identity_released
+    type: Mapped[str] = mapped_column(String(40))
+    #: Not a foreign key: a task.deleted event outlives its task.
+    task_id: Mapped[int] = mapped_column(Integer)
+    external_id: Mapped[str | None] = mapped_column(ExternalIdText)
+    occurred_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EventStream(Base):
+    """The last event position handed out per workspace. Appending an event
+    locks this row until commit, which is what makes positions commit in order."""
+
+    __tablename__ = "event_streams"
+
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_position: Mapped[int] = mapped_column(Integer)

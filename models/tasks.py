@@ -27,6 +27,7 @@ from models.errors import (
     WorkspaceMisconfigured,
     WorkspaceNotAccessible,
 )
+from models.events import EventType, append_event
 from models.external_id import InvalidExternalId, normalize_external_id
 from models.integrity import violated_unique_index
 from models.tables import (
@@ -180,13 +181,13 @@ def complete_creation(
         # 6. required synchronous post-create work
         if source is not None:
             record_task_source(session=session, task_id=task_id, source=source)
-        if external_id is None:
-            session.commit()
-            settled = True
-        else:
-            # 7. SETTLE
-            settled = _settle(session, task, external_id)
-            session.commit()
+        # 7. SETTLE (a task without an external id has no identity to settle)
+        settled = external_id is None or _settle(session, task, external_id)
+        if settled:
+            # The event commits with the settlement: it exists exactly when the
+            # create did, and never for a Found outcome.
+            append_event(session=session, type=EventType.CREATED, task=task)
+        session.commit()
     except IntegrityError:
         session.rollback()
         if _current(session, task_id) is None:
@@ -400,13 +401,14 @@ def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
     task = get_task(session=session, caller=caller, task_id=task_id)
     if task.archived_at is None:
         task.archived_at = task.updated_at = utcnow()
-        session.flush()
+        append_event(session=session, type=EventType.ARCHIVED, task=task)
     return task
 
 
 def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     """Delete the task; its external id goes with the row and is free again."""
     task = get_task(session=session, caller=caller, task_id=task_id)
+    append_event(session=session, type=EventType.DELETED, task=task)
     session.delete(task)
     session.flush()
 
@@ -436,6 +438,10 @@ def release_external_id(
     ).scalar_one_or_none()
     if task_id is None:
         raise TaskNotFound()
+    released = session.get(Task, task_id, populate_existing=True)
+    append_event(
+        session=session, type=EventType.IDENTITY_RELEASED, task=released, external_id=normalized
+    )
     audit = IdentityRelease(
         workspace_id=workspace_id,
         external_id=normalized,

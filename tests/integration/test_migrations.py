@@ -95,7 +95,11 @@ def test_postgres_external_id_columns_use_the_c_collation(postgres_store: Store)
                 )
             ).all()
         )
-    assert collations == {"tasks.external_id": "C", "identity_releases.external_id": "C"}
+    assert collations == {
+        "tasks.external_id": "C",
+        "identity_releases.external_id": "C",
+        "task_events.external_id": "C",
+    }
 
 
 @pytest.mark.postgres

@@ -1,0 +1,71 @@
+"""Task lifecycle events: a durable, per-workspace stream a client can resume.
+
+Every event is appended in the same transaction as the change it reports, so
+an event exists exactly when its change committed: ``task.created`` with the
+settlement (a create that did not happen -- a Found outcome -- has none),
+``task.archived``, ``task.deleted`` and ``task.identity_released`` with theirs.
+
+Positions are handed out from a per-workspace counter row whose lock is held
+until commit. Two appends in one workspace therefore commit in position
+order, and a reader that has seen position N can never later find a
+smaller one appear -- which a bare sequence (allocated at insert, visible at
+commit) would not promise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from models.tables import EventStream, Task, TaskEvent
+
+
+class EventType(enum.StrEnum):
+    CREATED = "task.created"
+    ARCHIVED = "task.archived"
+    DELETED = "task.deleted"
+    IDENTITY_RELEASED = "task.identity_released"
+
+
+def append_event(
+    *, session: Session, type: EventType, task: Task, external_id: str | None = None
+) -> TaskEvent:
+    """Append one event for ``task`` to its workspace's stream. The caller commits.
+
+    ``external_id`` is the identity the event names: by default the one the
+    task holds now (a release passes the one it just freed).
+    """
+    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    upsert = insert(EventStream).values(workspace_id=task.workspace_id, last_position=1)
+    position = session.execute(
+        upsert.on_conflict_do_update(
+            index_elements=[EventStream.workspace_id],
+            set_={"last_position": EventStream.last_position + 1},
+        ).returning(EventStream.last_position)
+    ).scalar_one()
+    event = TaskEvent(
+        workspace_id=task.workspace_id,
+        position=position,
+        type=type.value,
+        task_id=task.id,
+        external_id=task.external_id if external_id is None else external_id,
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+def events_after(
+    *, session: Session, workspace_id: int, after: int = 0, limit: int = 100
+) -> Sequence[TaskEvent]:
+    """The workspace's events with positions above ``after``, oldest first."""
+    return session.scalars(
+        select(TaskEvent)
+        .where(TaskEvent.workspace_id == workspace_id, TaskEvent.position > after)
+        .order_by(TaskEvent.position)
+        .limit(limit)
+    ).all()
