@@ -16,12 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from kombu import Connection
+from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ingest import api, events, rest, webhooks
+from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import Runtime, StoreUnavailable
@@ -48,7 +50,21 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
         app.state.runtime = Runtime(settings, make_session_factory(engine), relay, metrics)
         relay.start()
         try:
-            yield
+            # An MCP session manager runs once, so each lifespan builds its own.
+            mcp_server = build_mcp_server(
+                sessions=lambda: app.state.runtime.sessions, principal_of=principal_from_scope
+            )
+            app.state.mcp_http = mcp_server.streamable_http_app(
+                streamable_http_path="/",
+                # Stateless: every call carries its token; nothing is kept per session.
+                stateless_http=True,
+                json_response=True,
+                # DNS-rebinding checks guard unauthenticated local servers; this
+                # one authenticates every request instead.
+                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            )
+            async with mcp_server.session_manager.run():
+                yield
         finally:
             relay.stop()
             engine.dispose()
@@ -62,6 +78,14 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     app.include_router(webhooks.router)
     app.include_router(api.router)
     app.include_router(events.router)
+    # MCP over streamable HTTP at /mcp/, behind the REST API's bearer tokens.
+    app.mount(
+        "/mcp",
+        BearerGuard(
+            lambda scope, receive, send: app.state.mcp_http(scope, receive, send),
+            sessions=lambda: app.state.runtime.sessions,
+        ),
+    )
     _add_operational_routes(app)
     _add_error_handlers(app, settings)
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]

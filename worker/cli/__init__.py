@@ -25,7 +25,8 @@ Layout: ``runtime`` (settings, engine, sessions; the errors and the root
 group's error translation), ``output`` (``--json``, tables, fields), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
 lookup, explain, release), ``deliveries`` (list, show, replay, stats),
-``tokens``, ``demo`` (a workspace to try, signed samples to send it).
+``tokens``, ``demo`` (a workspace to try, signed samples to send it), ``mcp``
+(the MCP server on stdio).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import click
 from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
 from worker.cli.demo import demo
+from worker.cli.mcp import mcp
 from worker.cli.runtime import EXIT_NO_ANSWER, Runtime, TaskhookGroup
 from worker.cli.sources import source
 from worker.cli.tasks import explain, release, task
@@ -72,7 +74,19 @@ def cli(ctx: click.Context) -> None:
     ctx.call_on_close(runtime.close)
 
 
-for _command in (db, workspace, source, task, explain, release, deliveries, stats, token, demo):
+for _command in (
+    db,
+    workspace,
+    source,
+    task,
+    explain,
+    release,
+    deliveries,
+    stats,
+    token,
+    demo,
+    mcp,
+):
     cli.add_command(_command)
 
 
