@@ -112,6 +112,8 @@ class CreateHooks:
 NO_HOOKS = CreateHooks()
 
 Dispatch = Callable[[Task], None]
+#: Writes that must commit together with a successful settlement.
+WithSettlement = Callable[[Session, Task], None]
 
 
 def create_task(
@@ -122,6 +124,7 @@ def create_task(
     new: NewTask,
     dispatch: Dispatch | None = None,
     hooks: CreateHooks = NO_HOOKS,
+    with_settlement: WithSettlement | None = None,
 ) -> CreateTaskResult:
     """Create the task unless a task in the workspace already holds its external id.
 
@@ -158,7 +161,13 @@ def create_task(
         # again, so the create starts over from the lookup.
 
     hooks.after_insert(task)
-    return complete_creation(session=session, task=task, source=new.source, dispatch=dispatch)
+    return complete_creation(
+        session=session,
+        task=task,
+        source=new.source,
+        dispatch=dispatch,
+        with_settlement=with_settlement,
+    )
 
 
 def complete_creation(
@@ -167,6 +176,7 @@ def complete_creation(
     task: Task,
     source: SourceLink | None,
     dispatch: Dispatch | None = None,
+    with_settlement: WithSettlement | None = None,
 ) -> CreateTaskResult:
     """Steps 6-8 for a task whose row is committed: post-create work, settle, dispatch.
 
@@ -174,6 +184,10 @@ def complete_creation(
     that create, e.g. a redelivery of the same webhook delivery -- may call this
     again to finish what a crash interrupted. It never touches another
     caller's task.
+
+    ``with_settlement`` runs inside the settlement's transaction, after the
+    settle succeeded: what it writes commits with the settlement or not at
+    all (the worker marks its delivery done there, saving a commit).
     """
     # Read before anything can roll back: a rollback expires the instance.
     task_id, external_id = task.id, task.external_id
@@ -187,6 +201,8 @@ def complete_creation(
             # The event commits with the settlement: it exists exactly when the
             # create did, and never for a Found outcome.
             append_event(session=session, type=EventType.CREATED, task=task)
+            if with_settlement is not None:
+                with_settlement(session, task)
         session.commit()
     except IntegrityError:
         session.rollback()

@@ -382,3 +382,43 @@ def test_writing_the_source_link_twice_is_a_no_op(store: Store):
         )
     assert store.scalar("SELECT count(*) FROM task_sources") == 1
     assert store.scalar("SELECT remote_key FROM task_sources") == "PROJ-1"
+
+
+def test_with_settlement_commits_with_the_settlement_or_not_at_all(store: Store):
+    workspace = store.workspace()
+    seen = []
+
+    def record(session, task):
+        seen.append(task.id)
+        session.execute(text("UPDATE workspaces SET name = 'touched'"))
+
+    with store.sessions() as session:
+        result = create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=workspace.id,
+            new=NewTask(title="t", external_id="jira:PROJ-1"),
+            with_settlement=record,
+        )
+    assert seen == [result.task.id]
+    assert store.scalar("SELECT name FROM workspaces") == "touched"
+
+    def explode(session, task):
+        session.execute(text("UPDATE workspaces SET name = 'rolled back'"))
+        raise RuntimeError("the recording failed")
+
+    with store.sessions() as session, pytest.raises(RuntimeError):
+        create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=workspace.id,
+            new=NewTask(title="t", external_id="jira:PROJ-2"),
+            with_settlement=explode,
+        )
+    # Neither the settlement nor what ran with it committed.
+    assert (
+        store.scalar("SELECT external_id_settled_at FROM tasks WHERE external_id = 'jira:PROJ-2'")
+        is None
+    )
+    assert store.scalar("SELECT name FROM workspaces") == "touched"
+    assert store.scalar("SELECT count(*) FROM task_events WHERE external_id = 'jira:PROJ-2'") == 0
