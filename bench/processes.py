@@ -1,0 +1,274 @@
+"""The processes a benchmark starts -- redis-server, uvicorn, Celery workers, the
+load generator -- and the throwaway PostgreSQL database it runs on.
+
+Every process is started in its own session and stopped by its pid (SIGTERM,
+then SIGKILL to its own process group), never by name. Redis is a private
+``redis-server`` on a free port, so the shared one is never flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import psycopg
+import redis
+from sqlalchemy.engine import make_url
+
+from migrations import upgrade_to_head
+from models.db import make_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+POSTGRES_ADMIN_URL = os.environ.get(
+    "TASKHOOK_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+READY_TIMEOUT = 60.0
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(check: Callable[[], object], *, timeout: float, what: str, every=0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TASKHOOK_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+class Process:
+    """One subprocess of ours and its log."""
+
+    def __init__(self, name: str, args: list[str], *, logs: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log = logs / f"{name}.log"
+        with self.log.open("wb") as output:
+            self.popen = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.peak_rss: dict[int, int] = {}
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"--- {self.name} (pid {self.pid}) ---\n" + "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            raise BenchError(f"{self.name} exited early\n{self.tail()}")
+
+    def rss(self) -> dict[int, int]:
+        """RSS in bytes of this process and its children (a prefork pool), by pid."""
+        try:
+            parent = psutil.Process(self.pid)
+            members = [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return {}
+        sizes = {}
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                sizes[member.pid] = member.memory_info().rss
+        for pid, size in sizes.items():
+            self.peak_rss[pid] = max(self.peak_rss.get(pid, 0), size)
+        return sizes
+
+    def stop(self) -> None:
+        """SIGTERM by pid, then SIGKILL to its own group if it does not go in time."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+
+class Processes:
+    """Everything one benchmark started; ``stop_all`` stops each by pid, newest first."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.started: list[Process] = []
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> Process:
+        process = Process(f"{name}-{len(self.started)}", args, logs=self.logs, env=env)
+        self.started.append(process)
+        return process
+
+    def stop(self, process: Process) -> None:
+        process.stop()
+        if process in self.started:
+            self.started.remove(process)
+
+    def stop_all(self) -> None:
+        while self.started:
+            self.started.pop().stop()
+
+    # --- what the benchmarks start ------------------------------------------------
+
+    def redis(self) -> str:
+        port = free_port()
+        process = self.start(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ],
+            clean_environment(),
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+
+        def up() -> bool:
+            process.check_alive()
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(up, timeout=READY_TIMEOUT, what="redis-server")
+        client.close()
+        return url
+
+    def uvicorn(
+        self, name: str, app: str, env: dict[str, str], *, factory: bool = False
+    ) -> tuple[Process, str]:
+        port = free_port()
+        args = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)]
+        args += ["--no-access-log", "--log-level", "warning"]
+        args += ["--loop", env.get("BENCH_UVICORN_LOOP", "auto")]
+        args += ["--http", env.get("BENCH_UVICORN_HTTP", "auto")]
+        if factory:
+            args.append("--factory")
+        process = self.start(name, args, env)
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            process.check_alive()
+            try:
+                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout=READY_TIMEOUT, what=f"uvicorn {name}", every=0.1)
+        return process, url
+
+    def celery_worker(
+        self,
+        name: str,
+        app: str,
+        env: dict[str, str],
+        *,
+        concurrency: int,
+        queues: str = "deliveries",
+    ) -> Process:
+        unique = f"{name}-{uuid.uuid4().hex[:6]}"
+        args = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues]
+        args += ["-n", f"{unique}@%h", "-l", "INFO", "--pool", "prefork", "-c", str(concurrency)]
+        args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        process = self.start(name, args, env)
+
+        def ready() -> bool:
+            process.check_alive()
+            return " ready." in process.log.read_text(errors="replace")
+
+        wait_until(ready, timeout=READY_TIMEOUT, what=f"celery worker {name}", every=0.1)
+        return process
+
+    def loadgen(self, spec: dict) -> dict:
+        """Run the load generator to completion and return its result."""
+        log = self.logs / f"loadgen-{uuid.uuid4().hex[:6]}.log"
+        with log.open("wb") as errors:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "bench.loadgen"],
+                cwd=ROOT,
+                env=clean_environment(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                start_new_session=True,
+            )
+            try:
+                out, _ = popen.communicate(
+                    json.dumps(spec).encode(), timeout=spec.get("timeout", 600) + 60
+                )
+            except subprocess.TimeoutExpired:
+                os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait()
+                raise BenchError("the load generator did not finish in time") from None
+        if popen.returncode != 0:
+            raise BenchError(f"the load generator failed:\n{log.read_text()[-3000:]}")
+        return json.loads(out)
+
+
+@contextlib.contextmanager
+def throwaway_database() -> Iterator[str]:
+    """A PostgreSQL database of our own, migrated to head; dropped afterwards."""
+    name = f"taskhook_bench_{uuid.uuid4().hex[:10]}"
+    admin_url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql")
+    libpq = admin_url.render_as_string(hide_password=False)
+    with psycopg.connect(libpq, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        engine = make_engine(url)
+        with engine.begin() as connection:
+            upgrade_to_head(connection)
+        engine.dispose()
+        yield url
+    finally:
+        with psycopg.connect(libpq, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def libpq_url(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)

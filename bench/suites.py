@@ -1,0 +1,940 @@
+"""The six benchmarks. Each takes a :class:`Bench` (sizes, where results go,
+the processes it starts) and returns the result it wrote."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import shutil
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+from celery import Celery
+
+from bench import report, taskhook
+from bench.baselines import DURABLE_TABLE
+from bench.noop import NOOP
+from bench.processes import (
+    BenchError,
+    Process,
+    Processes,
+    libpq_url,
+    throwaway_database,
+    wait_until,
+)
+from models.messages import DELIVERIES_QUEUE
+from models.settings import Settings
+from worker.celery_app import celery_config
+
+
+@dataclass(frozen=True)
+class Sizes:
+    ingress_seconds: float
+    ingress_rounds: int
+    open_rates: tuple[int, ...]
+    concurrency: int
+    e2e_deliveries: int
+    e2e_workers: tuple[int, ...]
+    storm_deliveries: int
+    storm_compare: int
+    storm_rounds: int
+    scale_sizes: tuple[int, ...]
+    scale_creates: int
+    scale_rounds: int
+    scale_ingress_seconds: float
+    memory_deliveries: int
+    sqlite_deliveries: int
+
+
+SMOKE = Sizes(
+    ingress_seconds=1.5,
+    ingress_rounds=1,
+    open_rates=(100,),
+    concurrency=16,
+    e2e_deliveries=300,
+    e2e_workers=(1,),
+    storm_deliveries=150,
+    storm_compare=300,
+    storm_rounds=1,
+    scale_sizes=(1_000, 5_000),
+    scale_creates=40,
+    scale_rounds=1,
+    scale_ingress_seconds=1.5,
+    memory_deliveries=600,
+    sqlite_deliveries=60,
+)
+DEFAULT = Sizes(
+    ingress_seconds=8,
+    ingress_rounds=3,
+    open_rates=(250, 500, 1000),
+    concurrency=32,
+    e2e_deliveries=20_000,
+    e2e_workers=(1, 2),
+    storm_deliveries=20_000,
+    storm_compare=4_000,
+    storm_rounds=3,
+    scale_sizes=(10_000, 100_000, 1_000_000),
+    scale_creates=300,
+    scale_rounds=3,
+    scale_ingress_seconds=6,
+    memory_deliveries=40_000,
+    sqlite_deliveries=2_000,
+)
+FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
+SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
+
+
+class Bench:
+    """One benchmark's run: its sizes, its results folder, the processes it started."""
+
+    def __init__(
+        self,
+        name: str,
+        size: str,
+        results: Path,
+        log: Callable[[str], None] = print,
+        logs: Path | None = None,
+    ):
+        self.name, self.size, self.sizes = name, size, SIZES[size]
+        self.results = results
+        self.logs = (logs or results / "logs") / name
+        shutil.rmtree(self.logs, ignore_errors=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.processes = Processes(self.logs)
+        self.say = log
+
+    def override(self, assignments: list[str]) -> None:
+        """Apply ``FIELD=N`` overrides to the sizes (tuples as ``a,b,c``)."""
+        changes: dict[str, Any] = {}
+        for assignment in assignments:
+            field, _, value = assignment.partition("=")
+            current = getattr(self.sizes, field)
+            if isinstance(current, tuple):
+                changes[field] = tuple(int(part) for part in value.split(","))
+            else:
+                changes[field] = type(current)(value)
+        if changes:
+            self.sizes = replace(self.sizes, **changes)
+            self.size = f"{self.size} ({', '.join(assignments)})"
+
+    def __enter__(self) -> Bench:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.processes.stop_all()
+
+    def load(self, url: str, *, tag: str, **options: Any) -> dict[str, Any]:
+        spec = {"url": url, "secret": taskhook.SECRET, "sources": taskhook.SOURCES, "tag": tag}
+        spec.setdefault("timeout", 900)
+        return self.processes.loadgen({**spec, **options})
+
+    def finish(
+        self, result: dict[str, Any], rows: list[dict[str, Any]], title: str, **chart
+    ) -> dict:
+        result = {"size": self.size, "sizes": self.sizes.__dict__, **result}
+        report.write(self.results, self.name, result)
+        report.chart(self.results, self.name, title, rows, **chart)
+        return result
+
+
+def _tag(name: str) -> str:
+    return f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{uuid.uuid4().hex[:8]}"
+
+
+def _flush(redis_url: str) -> None:
+    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
+        client.flushdb()
+
+
+def _brief(run: dict[str, Any]) -> str:
+    latency = run["latency"]
+    return (
+        f"{run['throughput_rps']}/s, p50 {latency['p50_ms']} ms, p99 {latency['p99_ms']} ms,"
+        f" errors {run['errors']}"
+    )
+
+
+def _row(label: str, runs: list[dict[str, Any]], latency_of: dict | None = None) -> dict:
+    rates = [run["throughput_rps"] for run in runs]
+    middle = sorted(runs, key=lambda run: run["throughput_rps"])[len(runs) // 2]
+    latency = latency_of if latency_of is not None else middle["latency"]
+    return {
+        "label": label,
+        "rate": report.median(rates),
+        "low": min(rates),
+        "high": max(rates),
+        "p50_ms": latency["p50_ms"],
+        "p95_ms": latency["p95_ms"],
+        "p99_ms": latency["p99_ms"],
+    }
+
+
+class Sampler(threading.Thread):
+    """Samples the RSS of processes every ``every`` s, with a timestamp."""
+
+    def __init__(self, processes: dict[str, Process], every: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.processes, self.every = processes, every
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            now = time.monotonic()
+            sample = {}
+            for name, process in self.processes.items():
+                for pid, rss in process.rss().items():
+                    label = name if pid == process.pid else f"{name}/child-{pid}"
+                    sample[label] = rss
+            self.samples.append((now, sample))
+            self._done.wait(self.every)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(5)
+
+    def peaks(self) -> dict[str, float]:
+        """Peak RSS in MiB, by process."""
+        peaks: dict[str, int] = {}
+        for _, sample in self.samples:
+            for label, rss in sample.items():
+                peaks[label] = max(peaks.get(label, 0), rss)
+        return {label: round(rss / 2**20, 1) for label, rss in peaks.items()}
+
+    def halves(self, start: float, end: float) -> dict[str, dict[str, float]]:
+        """Peak and mean RSS (MiB) in the first and second half of [start, end]."""
+        middle = (start + end) / 2
+        halves: dict[str, dict[str, list[int]]] = {}
+        for at, sample in self.samples:
+            if not start <= at <= end:
+                continue
+            half = "first" if at < middle else "second"
+            for label, rss in sample.items():
+                halves.setdefault(label, {"first": [], "second": []})[half].append(rss)
+        out = {}
+        for label, parts in halves.items():
+            if not parts["first"] or not parts["second"]:
+                continue
+            first, second = max(parts["first"]), max(parts["second"])
+            out[label] = {
+                "first_half_peak_mib": round(first / 2**20, 1),
+                "second_half_peak_mib": round(second / 2**20, 1),
+                "first_half_mean_mib": round(statistics.mean(parts["first"]) / 2**20, 1),
+                "second_half_mean_mib": round(statistics.mean(parts["second"]) / 2**20, 1),
+                "growth": round(second / first - 1, 4),
+            }
+        return out
+
+
+# --- 1. ingress ---------------------------------------------------------------------------
+
+
+def ingress(bench: Bench) -> dict[str, Any]:
+    sizes, procs = bench.sizes, bench.processes
+    redis_url = procs.redis()
+    with throwaway_database() as database:
+        taskhook.prepare(database)
+        with psycopg.connect(libpq_url(database), autocommit=True) as connection:
+            connection.execute(DURABLE_TABLE)
+        base_env = taskhook.environment(
+            database,
+            redis_url,
+            BENCH_SECRET=taskhook.SECRET,
+            BENCH_BROKER_URL=redis_url,
+            BENCH_DSN=libpq_url(database),
+        )
+        servers = {
+            "tutorial": procs.uvicorn(
+                "tutorial", "bench.baselines:tutorial_app", base_env, factory=True
+            )[1],
+            "minimal durable": procs.uvicorn(
+                "durable", "bench.baselines:durable_app", base_env, factory=True
+            )[1],
+            "taskhook": procs.uvicorn("taskhook", "ingest.app:app", base_env)[1],
+        }
+        names = list(servers)
+
+        def reset() -> None:
+            _flush(redis_url)
+            taskhook.reset(database)
+
+        for name, url in servers.items():  # warm-up: imports, pools, caches
+            bench.load(url, tag=_tag(f"warm-{name}"), duration=1.0, concurrency=8)
+        closed: dict[str, list[dict]] = {name: [] for name in names}
+        for round_ in range(sizes.ingress_rounds):
+            for name in names[round_ % 3 :] + names[: round_ % 3]:
+                reset()
+                run = bench.load(
+                    servers[name],
+                    tag=_tag(f"{name}-{round_}"),
+                    duration=sizes.ingress_seconds,
+                    concurrency=sizes.concurrency,
+                )
+                closed[name].append(run)
+                bench.say(f"  closed-loop {name} round {round_}: {_brief(run)}")
+        opened: dict[str, dict[int, dict]] = {name: {} for name in names}
+        for index, rate in enumerate(sizes.open_rates):
+            for name in names[index % 3 :] + names[: index % 3]:
+                reset()
+                run = bench.load(
+                    servers[name],
+                    tag=_tag(f"{name}-open-{rate}"),
+                    mode="open",
+                    rate=rate,
+                    duration=sizes.ingress_seconds,
+                    request_timeout=10,
+                )
+                opened[name][rate] = run
+                bench.say(f"  open-loop {name} at {rate}/s: {_brief(run)}")
+        reset()
+
+    per_round = [
+        {
+            "vs_tutorial": report.ratio(
+                closed["taskhook"][r]["throughput_rps"], closed["tutorial"][r]["throughput_rps"]
+            ),
+            "vs_minimal_durable": report.ratio(
+                closed["taskhook"][r]["throughput_rps"],
+                closed["minimal durable"][r]["throughput_rps"],
+            ),
+        }
+        for r in range(sizes.ingress_rounds)
+    ]
+    vs_tutorial = statistics.median(row["vs_tutorial"] for row in per_round)
+    vs_durable = statistics.median(row["vs_minimal_durable"] for row in per_round)
+    at_500 = opened["taskhook"].get(500)
+    rows = [_row(f"{name}\nclosed, c={sizes.concurrency}", closed[name]) for name in names]
+    rows += [
+        {**_row(f"{name}\nopen {rate}/s", [run]), "rate": run["throughput_rps"]}
+        for rate in sizes.open_rates
+        for name in names
+        for run in [opened[name][rate]]
+    ]
+    result = {
+        "closed_loop": {
+            name: {
+                "throughput_rps_median": report.median([run["throughput_rps"] for run in runs]),
+                "runs": runs,
+            }
+            for name, runs in closed.items()
+        },
+        "open_loop": {
+            name: {str(rate): run for rate, run in by_rate.items()}
+            for name, by_rate in opened.items()
+        },
+        "ratios_per_round": per_round,
+        "ratios": {"vs_tutorial": vs_tutorial, "vs_minimal_durable": vs_durable},
+        "goals": {
+            "throughput >= 1.0x tutorial": vs_tutorial >= 1.0,
+            "throughput >= 0.7x minimal durable": vs_durable >= 0.7,
+            "p99 < 50 ms at 500/s": None
+            if at_500 is None
+            else (at_500["latency"]["p99_ms"] < 50 and at_500["errors"] == 0),
+        },
+    }
+    return bench.finish(
+        result,
+        rows,
+        "Ingress: throughput (closed loop) and achieved rate (open loop)",
+        rate_label="answers per s",
+    )
+
+
+# --- 2. end to end, and the RSS of its processes -------------------------------------------
+
+
+def _configured(redis_url: str) -> Celery:
+    app = Celery("bench-noop-client", set_as_current=False)
+    app.conf.update(celery_config(Settings(broker_url=redis_url, database_url="sqlite://")))
+    return app
+
+
+def _enqueue_noops(redis_url: str, count: int) -> None:
+    app = _configured(redis_url)
+    with app.producer_or_acquire() as producer:
+        for key in range(count):
+            app.send_task(NOOP, args=[key], queue=DELIVERIES_QUEUE, producer=producer)
+    app.close()
+
+
+def _queue_length(client: redis.Redis) -> int:
+    return client.llen(DELIVERIES_QUEUE)
+
+
+class _Starter:
+    """Starts a Celery worker when called (so a drain can time from its first
+    message), and stops it by pid afterwards."""
+
+    def __init__(
+        self,
+        procs: Processes,
+        name: str,
+        app: str,
+        env: dict[str, str],
+        concurrency: int,
+        sampler: Sampler | None = None,
+    ) -> None:
+        self.procs, self.name, self.app, self.env = procs, name, app, env
+        self.concurrency, self.sampler = concurrency, sampler
+        self.process: Process | None = None
+
+    def __call__(self) -> None:
+        self.process = self.procs.celery_worker(
+            self.name, self.app, self.env, concurrency=self.concurrency
+        )
+        if self.sampler is not None:
+            self.sampler.processes[self.name] = self.process
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.procs.stop(self.process)
+
+
+def _drain(
+    start_workers: Callable[[], object], queued: int, redis_url: str, done: Callable[[], bool]
+) -> dict:
+    """Start the workers on a full queue; time from the first message taken to ``done``."""
+    client = redis.Redis.from_url(redis_url)
+    first_taken: list[float] = []
+
+    def watch() -> None:
+        while not first_taken:
+            if _queue_length(client) < queued:
+                first_taken.append(time.monotonic())
+                return
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    start_workers()
+    wait_until(done, timeout=1800, what="the queue to drain", every=0.05)
+    finished = time.monotonic()
+    watcher.join(5)
+    client.close()
+    if not first_taken:
+        raise BenchError("never saw the queue shrink")
+    elapsed = finished - first_taken[0]
+    return {
+        "messages": queued,
+        "elapsed_s": round(elapsed, 3),
+        "rate_per_s": round(queued / elapsed, 1),
+    }
+
+
+def end_to_end(bench: Bench) -> dict[str, Any]:
+    sizes, procs = bench.sizes, bench.processes
+    n = sizes.e2e_deliveries
+    redis_url = procs.redis()
+    client = redis.Redis.from_url(redis_url)
+    with throwaway_database() as database:
+        taskhook.prepare(database)
+        env = taskhook.environment(database, redis_url)
+        ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
+        watcher = psycopg.connect(libpq_url(database), autocommit=True)
+
+        def all_done() -> bool:
+            return taskhook.finished_count(watcher) >= n
+
+        def noop_done() -> bool:
+            return _queue_length(client) == 0 and client.hlen("unacked") == 0
+
+        configs: dict[str, Any] = {}
+        peaks: dict[str, dict] = {}
+        for workers in sizes.e2e_workers:
+            # the baseline: Celery draining n no-op tasks with taskhook's settings
+            _flush(redis_url)
+            _enqueue_noops(redis_url, n)
+            noop_workers = _Starter(procs, f"noop-c{workers}", "bench.noop", env, workers)
+            noop = _drain(noop_workers, n, redis_url, noop_done)
+            noop_workers.stop()
+            bench.say(f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s")
+
+            # taskhook: n deliveries through the ingress (no worker yet), then drain
+            _flush(redis_url)
+            taskhook.reset(database)
+            posted = bench.load(
+                url, tag=_tag(f"e2e-{workers}"), requests=n, concurrency=sizes.concurrency
+            )
+            if posted["completed"] != n:
+                raise BenchError(
+                    f"the ingress answered {posted['completed']} of {n}: {posted['error_kinds']}"
+                )
+            wait_until(
+                lambda: _queue_length(client) >= n,
+                timeout=120,
+                what="the relay to publish every key",
+            )
+            sampler = Sampler({"ingress": ingress_process})
+            sampler.start()
+            taskhook_workers = _Starter(
+                procs, f"taskhook-c{workers}", "worker", env, workers, sampler=sampler
+            )
+            drained = _drain(taskhook_workers, n, redis_url, all_done)
+            sampler.stop()
+            counts = taskhook.outcome_counts(database)
+            taskhook_workers.stop()
+            peaks[f"{workers}"] = sampler.peaks()
+            ratio = report.ratio(drained["rate_per_s"], noop["rate_per_s"])
+            bench.say(
+                f"  taskhook drain, {workers} process(es): {drained['rate_per_s']}/s"
+                f" = {ratio}x no-op; ingress {posted['throughput_rps']}/s"
+            )
+            configs[f"{workers} worker process(es)"] = {
+                "noop_drain": noop,
+                "taskhook_drain": drained,
+                "ratio_vs_noop": ratio,
+                "ingress_post": {
+                    key: posted[key] for key in ("throughput_rps", "completed", "errors", "latency")
+                },
+                "counts": counts,
+                "exact": counts["tasks"] == n
+                and counts["tasks_settled"] == n
+                and counts["deliveries_by_status"].get("done") == n,
+            }
+        watcher.close()
+        client.close()
+
+    rows = []
+    for label, config in configs.items():
+        rows.append({"label": f"no-op drain\n{label}", "rate": config["noop_drain"]["rate_per_s"]})
+        rows.append(
+            {"label": f"taskhook drain\n{label}", "rate": config["taskhook_drain"]["rate_per_s"]}
+        )
+    result = {
+        "deliveries": n,
+        "configs": configs,
+        "peak_rss_mib": peaks,
+        "goals": {
+            f"drain >= 0.5x no-op, {label}": config["ratio_vs_noop"] >= 0.5
+            for label, config in configs.items()
+        }
+        | {
+            f"every task settled, every row done, {label}": config["exact"]
+            for label, config in configs.items()
+        },
+    }
+    return bench.finish(
+        result,
+        rows,
+        f"End to end: {n} deliveries drained vs {n} no-op tasks",
+        rate_label="deliveries or tasks per s",
+    )
+
+
+# --- 3. redelivery storm ------------------------------------------------------------------------
+
+
+def _relay_published(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    match = re.search(r"^taskhook_relay_published_total (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def storm(bench: Bench) -> dict[str, Any]:
+    sizes, procs = bench.sizes, bench.processes
+    n = sizes.storm_deliveries
+    redis_url = procs.redis()
+    with throwaway_database() as database:
+        taskhook.prepare(database)
+        env = taskhook.environment(database, redis_url)
+        _, url = procs.uvicorn("taskhook", "ingest.app:app", env)
+        watcher = psycopg.connect(libpq_url(database), autocommit=True)
+
+        # the duplicate path against the new path, side by side, same deliveries
+        compare = []
+        for round_ in range(sizes.storm_rounds):
+            _flush(redis_url)
+            taskhook.reset(database)
+            tag = _tag(f"compare-{round_}")
+            new = bench.load(
+                url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency
+            )
+            again = bench.load(
+                url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency
+            )
+            compare.append(
+                {
+                    "new": new,
+                    "duplicate": again,
+                    "ratio": report.ratio(again["throughput_rps"], new["throughput_rps"]),
+                }
+            )
+            bench.say(f"  new {new['throughput_rps']}/s, duplicate {again['throughput_rps']}/s")
+
+        # the storm: every delivery three times, shuffled, with the workers running
+        _flush(redis_url)
+        taskhook.reset(database)
+        published_before = _relay_published(url)
+        workers = procs.celery_worker("taskhook-c2", "worker", env, concurrency=2)
+        order = [index for index in range(n) for _ in range(3)]
+        random.Random(6).shuffle(order)
+        started = time.monotonic()
+        posted = bench.load(url, tag=_tag("storm"), order=order, concurrency=64)
+        wait_until(
+            lambda: taskhook.finished_count(watcher) >= n,
+            timeout=1800,
+            what="the storm to settle",
+            every=0.1,
+        )
+        elapsed = time.monotonic() - started
+        time.sleep(1.0)  # anything a duplicate might still have set off
+        counts = taskhook.outcome_counts(database)
+        published = _relay_published(url) - published_before
+        procs.stop(workers)
+        watcher.close()
+
+    answers = posted["by_answer"]
+    exact = (
+        counts["tasks"] == n
+        and counts["distinct_external_ids"] == n
+        and counts["deliveries_by_outcome"].get("created") == n
+        and counts["claims_total"] == n
+        and published == n
+        and answers.get("queued", {}).get("count") == n
+        and answers.get("duplicate", {}).get("count") == 2 * n
+    )
+    ratio = statistics.median(entry["ratio"] for entry in compare)
+    rows = [
+        _row("new deliveries\n(closed loop)", [entry["new"] for entry in compare]),
+        _row("duplicates\n(closed loop)", [entry["duplicate"] for entry in compare]),
+        {
+            "label": "storm: posts\nanswered",
+            "rate": posted["throughput_rps"],
+            **{k: posted["latency"][k] for k in ("p50_ms", "p95_ms", "p99_ms")},
+        },
+        {"label": "storm: deliveries\nsettled", "rate": round(n / elapsed, 1)},
+    ]
+    result = {
+        "deliveries": n,
+        "posts": len(order),
+        "storm": {
+            "posted": {
+                key: posted[key]
+                for key in (
+                    "throughput_rps",
+                    "completed",
+                    "errors",
+                    "error_kinds",
+                    "latency",
+                    "by_answer",
+                )
+            },
+            "elapsed_to_settled_s": round(elapsed, 3),
+            "relay_published": published,
+            "counts": counts,
+        },
+        "duplicate_vs_new": {"rounds": compare, "ratio_median": ratio},
+        "goals": {
+            "exactly one task and one create per delivery": exact,
+            "duplicate path >= 1.5x new path": ratio >= 1.5,
+        },
+    }
+    return bench.finish(result, rows, f"Redelivery storm: {n} deliveries x 3", rate_label="per s")
+
+
+# --- 4. scale ------------------------------------------------------------------------------------
+
+_BULK_TASKS = """
+INSERT INTO tasks (workspace_id, identifier, title, step_id, created_at, updated_at,
+                   external_id, external_id_settled_at, created_by_delivery)
+SELECT %(workspace)s, 'BULK-' || g, 'bulk-loaded task ' || g, %(step)s, now(), now(),
+       'gh-issue/bulk/load#' || g, now(), NULL
+FROM generate_series(%(first)s::int, %(last)s::int) AS g
+"""
+_BULK_DELIVERIES = """
+INSERT INTO deliveries (source_id, delivery_id, hook_id, body, body_sha256, content_type,
+                        event, action, headers, received_at, updated_at, status, attempts,
+                        outcome, payload_mismatches)
+SELECT %(source)s, 'bulk-' || g, '123456', %(body)s, md5(g::text) || md5(g::text),
+       'application/json', 'issues.opened', 'opened', '{}', now(), now(), 'done', 1,
+       'created', 0
+FROM generate_series(%(first)s::int, %(last)s::int) AS g
+"""
+
+
+def _bulk_load(database: str, rows: int) -> float:
+    started = time.monotonic()
+    with psycopg.connect(libpq_url(database), autocommit=True) as connection:
+        workspace, step = connection.execute(
+            "SELECT w.id, s.id FROM workspaces w JOIN workflow_steps s ON s.workspace_id = w.id "
+            "ORDER BY s.position LIMIT 1"
+        ).fetchone()
+        source = connection.execute(
+            "SELECT id FROM webhook_sources WHERE provider = 'github'"
+        ).fetchone()[0]
+        body = b'{"bulk": true, "padding": "' + b"x" * 300 + b'"}'
+        for first in range(1, rows + 1, 100_000):
+            last = min(rows, first + 99_999)
+            connection.execute(
+                _BULK_TASKS, {"workspace": workspace, "step": step, "first": first, "last": last}
+            )
+            connection.execute(
+                _BULK_DELIVERIES, {"source": source, "body": body, "first": first, "last": last}
+            )
+        connection.execute("VACUUM ANALYZE tasks")
+        connection.execute("VACUUM ANALYZE deliveries")
+    return time.monotonic() - started
+
+
+def _time_creates(database: str, count: int, prefix: str) -> list[float]:
+    """``count`` creates of new external ids through ``models.tasks.create_task``, one
+    session each, as a worker makes them; the latency of each."""
+    from models.access import Caller
+    from models.db import make_engine, make_session_factory, session_scope
+    from models.tasks import NewTask, create_task
+
+    engine = make_engine(database)
+    sessions = make_session_factory(engine)
+    with sessions() as session:
+        workspace_id = session.execute(
+            __import__("sqlalchemy").text("SELECT id FROM workspaces")
+        ).scalar_one()
+    caller = Caller.trusted("bench")
+    latencies = []
+    for index in range(count):
+        new = NewTask(
+            title=f"scale {prefix} {index}", external_id=f"gh-issue/scale/{prefix}#{index}"
+        )
+        started = time.perf_counter()
+        with session_scope(sessions) as session:
+            create_task(session=session, caller=caller, workspace_id=workspace_id, new=new)
+        latencies.append(time.perf_counter() - started)
+    engine.dispose()
+    return latencies
+
+
+def scale(bench: Bench) -> dict[str, Any]:
+    from bench.loadgen import percentiles
+
+    sizes, procs = bench.sizes, bench.processes
+    redis_url = procs.redis()
+    with contextlib.ExitStack() as stack:
+        databases = {}
+        loaded = {}
+        for rows in sizes.scale_sizes:
+            database = stack.enter_context(throwaway_database())
+            taskhook.prepare(database)
+            loaded[rows] = round(_bulk_load(database, rows), 1)
+            databases[rows] = database
+            bench.say(f"  bulk-loaded {rows} tasks and {rows} inbox rows in {loaded[rows]} s")
+        creates: dict[int, list[float]] = {rows: [] for rows in databases}
+        for round_ in range(sizes.scale_rounds):
+            for rows, database in databases.items():
+                creates[rows] += _time_creates(database, sizes.scale_creates, f"{round_}")
+        servers = {}
+        for rows, database in databases.items():
+            _, servers[rows] = procs.uvicorn(
+                f"taskhook-{rows}", "ingest.app:app", taskhook.environment(database, redis_url)
+            )
+            bench.load(servers[rows], tag=_tag(f"warm-{rows}"), duration=1.0, concurrency=8)
+        ingress_runs: dict[int, list[dict]] = {rows: [] for rows in databases}
+        for round_ in range(sizes.scale_rounds):
+            for rows, url in servers.items():
+                _flush(redis_url)
+                ingress_runs[rows].append(
+                    bench.load(
+                        url,
+                        tag=_tag(f"scale-{rows}-{round_}"),
+                        duration=sizes.scale_ingress_seconds,
+                        concurrency=sizes.concurrency,
+                    )
+                )
+
+    smallest, largest = sizes.scale_sizes[0], sizes.scale_sizes[-1]
+    create_stats = {rows: percentiles(samples) for rows, samples in creates.items()}
+    ingress_stats = {
+        rows: report.median([run["throughput_rps"] for run in runs])
+        for rows, runs in ingress_runs.items()
+    }
+    create_ratio = report.ratio(create_stats[largest]["mean_ms"], create_stats[smallest]["mean_ms"])
+    create_p50_ratio = report.ratio(
+        create_stats[largest]["p50_ms"], create_stats[smallest]["p50_ms"]
+    )
+    ingress_ratio = report.ratio(ingress_stats[smallest], ingress_stats[largest])
+    rows = [
+        {
+            "label": f"create_task\n{rows:,} tasks",
+            "rate": round(1000 / stats["mean_ms"], 1),
+            **{k: stats[k] for k in ("p50_ms", "p95_ms", "p99_ms")},
+        }
+        for rows, stats in create_stats.items()
+    ] + [_row(f"ingress\n{rows:,} inbox rows", runs) for rows, runs in ingress_runs.items()]
+    result = {
+        "bulk_load_seconds": loaded,
+        "create_latency": {
+            str(rows): {"creates": len(creates[rows]), **stats}
+            for rows, stats in create_stats.items()
+        },
+        "ingress": {
+            str(rows): {"throughput_rps_median": ingress_stats[rows], "runs": runs}
+            for rows, runs in ingress_runs.items()
+        },
+        "ratios": {
+            f"create mean latency {largest} / {smallest}": create_ratio,
+            f"create p50 latency {largest} / {smallest}": create_p50_ratio,
+            f"ingress time per delivery {largest} / {smallest}": ingress_ratio,
+        },
+        "goals": {
+            f"create latency at {largest:,} within 1.2x of {smallest:,}": create_ratio <= 1.2,
+            f"ingress at {largest:,} inbox rows within 1.2x of {smallest:,}": ingress_ratio <= 1.2,
+        },
+    }
+    return bench.finish(
+        result,
+        rows,
+        "Scale: create_task and the ingress over bulk-loaded tables",
+        rate_label="creates or answers per s",
+    )
+
+
+# --- 5. memory ---------------------------------------------------------------------------
+
+
+def memory(bench: Bench) -> dict[str, Any]:
+    sizes, procs = bench.sizes, bench.processes
+    n = sizes.memory_deliveries
+    redis_url = procs.redis()
+    with throwaway_database() as database:
+        taskhook.prepare(database)
+        env = taskhook.environment(database, redis_url)
+        ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
+        workers = procs.celery_worker("taskhook-c2", "worker", env, concurrency=2)
+        sampler = Sampler({"ingress": ingress_process, "worker": workers}, every=1.0)
+        sampler.start()
+        watcher = psycopg.connect(libpq_url(database), autocommit=True)
+        started = time.monotonic()
+        posted = bench.load(url, tag=_tag("memory"), requests=n, concurrency=sizes.concurrency)
+        wait_until(
+            lambda: taskhook.finished_count(watcher) >= n,
+            timeout=3600,
+            what="every delivery done",
+            every=0.5,
+        )
+        ended = time.monotonic()
+        sampler.stop()
+        counts = taskhook.outcome_counts(database)
+        watcher.close()
+    halves = sampler.halves(started, ended)
+    worst = max((entry["growth"] for entry in halves.values()), default=0.0)
+    timeline = [
+        {
+            "t_s": round(at - started, 1),
+            **{label: round(rss / 2**20, 1) for label, rss in sample.items()},
+        }
+        for at, sample in sampler.samples
+    ]
+    rows = [
+        {"label": f"{label}\n1st half", "rate": entry["first_half_peak_mib"]}
+        for label, entry in halves.items()
+    ] + [
+        {"label": f"{label}\n2nd half", "rate": entry["second_half_peak_mib"]}
+        for label, entry in halves.items()
+    ]
+    rows.sort(key=lambda row: row["label"])
+    result = {
+        "deliveries": n,
+        "elapsed_s": round(ended - started, 1),
+        "ingress_post": {key: posted[key] for key in ("throughput_rps", "completed", "errors")},
+        "peak_rss_mib": sampler.peaks(),
+        "halves": halves,
+        "worst_growth": worst,
+        "counts": counts,
+        "timeline": timeline,
+        "goals": {"RSS growth <= 10% between the halves": worst <= 0.10},
+    }
+    return bench.finish(
+        result,
+        rows,
+        f"Memory: peak RSS over {n} deliveries, first vs second half",
+        rate_label="peak RSS (MiB)",
+    )
+
+
+# --- 6. the embedded default (SQLite + the filesystem broker) -----------------------------
+
+
+def sqlite(bench: Bench) -> dict[str, Any]:
+    import sqlite3
+
+    from migrations import upgrade_to_head
+    from models.db import make_engine
+
+    sizes, procs = bench.sizes, bench.processes
+    n = sizes.sqlite_deliveries
+    folder = bench.logs / "embedded"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    database = f"sqlite:///{folder / 'taskhook.db'}"
+    engine = make_engine(database)
+    with engine.begin() as connection:
+        upgrade_to_head(connection)
+    engine.dispose()
+    taskhook.prepare(database)
+    env = taskhook.environment(
+        database, "filesystem://", TASKHOOK_BROKER_FOLDER=str(folder / "broker")
+    )
+    _, url = procs.uvicorn("taskhook-sqlite", "ingest.app:app", env)
+    worker = procs.celery_worker("taskhook-sqlite", "worker", env, concurrency=2)
+
+    def done() -> bool:
+        with contextlib.closing(sqlite3.connect(folder / "taskhook.db", timeout=10)) as connection:
+            placeholders = ",".join("?" * len(taskhook.FINISHED))
+            return (
+                connection.execute(
+                    f"SELECT count(*) FROM deliveries WHERE status IN ({placeholders})",
+                    taskhook.FINISHED,
+                ).fetchone()[0]
+                >= n
+            )
+
+    started = time.monotonic()
+    posted = bench.load(url, tag=_tag("sqlite"), requests=n, concurrency=8)
+    wait_until(done, timeout=1800, what="the embedded default to finish", every=0.2)
+    elapsed = time.monotonic() - started
+    procs.stop(worker)
+    with contextlib.closing(sqlite3.connect(folder / "taskhook.db")) as connection:
+        tasks = connection.execute(
+            "SELECT count(*), count(external_id_settled_at) FROM tasks"
+        ).fetchone()
+    rate = round(n / elapsed, 1)
+    rows = [
+        _row("ingress (SQLite)", [posted]),
+        {"label": "end to end\n(SQLite + filesystem broker)", "rate": rate},
+    ]
+    result = {
+        "deliveries": n,
+        "ingress_post": {
+            key: posted[key] for key in ("throughput_rps", "completed", "errors", "latency")
+        },
+        "end_to_end_s": round(elapsed, 2),
+        "end_to_end_rate_per_s": rate,
+        "tasks": tasks[0],
+        "tasks_settled": tasks[1],
+        "goals": {"(none yet; reported)": None},
+    }
+    return bench.finish(
+        result,
+        rows,
+        f"Embedded default: {n} deliveries, SQLite + filesystem broker",
+        rate_label="per s",
+    )
+
+
+BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
+    "ingress": ingress,
+    "e2e": end_to_end,
+    "storm": storm,
+    "scale": scale,
+    "memory": memory,
+    "sqlite": sqlite,
+}

@@ -1,0 +1,97 @@
+"""Setting taskhook up for a benchmark: a workspace and its two webhook sources,
+the environment of its processes, and the counts a benchmark checks."""
+
+from __future__ import annotations
+
+import psycopg
+
+from bench.processes import clean_environment, libpq_url
+from models.db import make_engine, make_session_factory, session_scope
+from models.sources import add_source
+from models.workspaces import create_workspace
+
+SECRET = "bench-secret"
+SOURCES = {"github": "bench-github", "jira": "bench-jira"}
+FINISHED = ("done", "ignored", "needs_operator", "dead")
+
+
+def prepare(database_url: str) -> None:
+    """The workspace and the GitHub and Jira sources every benchmark posts to."""
+    engine = make_engine(database_url)
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            workspace = create_workspace(
+                session=session, slug="bench", name="Bench", task_prefix="BENCH"
+            )
+            add_source(
+                session=session,
+                provider="github",
+                workspace_id=workspace.id,
+                slug=SOURCES["github"],
+                secret=SECRET,
+                create_events=["issues.opened", "pull_request.opened"],
+            )
+            add_source(
+                session=session,
+                provider="jira",
+                workspace_id=workspace.id,
+                slug=SOURCES["jira"],
+                secret=SECRET,
+                create_events=["jira:issue_created"],
+            )
+    finally:
+        engine.dispose()
+
+
+def environment(database_url: str, broker_url: str, **extra: str) -> dict[str, str]:
+    return clean_environment(
+        TASKHOOK_DATABASE_URL=database_url, TASKHOOK_BROKER_URL=broker_url, **extra
+    )
+
+
+def reset(database_url: str) -> None:
+    """Empty the inbox and the tasks (sources and workspace stay)."""
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
+        connection.execute(
+            "TRUNCATE deliveries, task_sources, identity_releases, tasks RESTART IDENTITY"
+        )
+        connection.execute("UPDATE workspaces SET task_sequence = 0")
+        for table in ("bench_inbox",):
+            exists = connection.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
+            if exists:
+                connection.execute(f"TRUNCATE {table} RESTART IDENTITY")
+
+
+def finished_count(connection: psycopg.Connection) -> int:
+    return connection.execute(
+        "SELECT count(*) FROM deliveries WHERE status = ANY(%s)", (list(FINISHED),)
+    ).fetchone()[0]
+
+
+def outcome_counts(database_url: str) -> dict[str, object]:
+    """What a run left behind: deliveries by status and outcome, tasks, attempts."""
+    with psycopg.connect(libpq_url(database_url)) as connection:
+        statuses = dict(
+            connection.execute("SELECT status, count(*) FROM deliveries GROUP BY status").fetchall()
+        )
+        outcomes = dict(
+            connection.execute(
+                "SELECT coalesce(outcome, '-'), count(*) FROM deliveries GROUP BY 1"
+            ).fetchall()
+        )
+        tasks, settled = connection.execute(
+            "SELECT count(*), count(external_id_settled_at) FROM tasks"
+        ).fetchone()
+        attempts, most = connection.execute(
+            "SELECT coalesce(sum(attempts), 0), coalesce(max(attempts), 0) FROM deliveries"
+        ).fetchone()
+        distinct = connection.execute("SELECT count(DISTINCT external_id) FROM tasks").fetchone()[0]
+    return {
+        "deliveries_by_status": statuses,
+        "deliveries_by_outcome": outcomes,
+        "tasks": tasks,
+        "tasks_settled": settled,
+        "distinct_external_ids": distinct,
+        "claims_total": int(attempts),
+        "claims_max_per_delivery": int(most),
+    }

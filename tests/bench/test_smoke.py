@@ -1,0 +1,88 @@
+"""Every benchmark, at its smoke size (about 10 s each), so the harness never rots.
+
+These check that the harness works -- processes start and stop, the load
+generator answers, results and charts are written, the counts add up -- never
+the performance goals: this machine is shared and CI is noisy. The goals are
+measured by ``python -m bench all`` (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.suites import BENCHMARKS, Bench
+
+pytestmark = [pytest.mark.bench, pytest.mark.e2e]
+
+
+def run(name: str, results: Path) -> dict:
+    with Bench(name, "smoke", results, log=lambda line: None) as bench:
+        result = BENCHMARKS[name](bench)
+        pids = [process.pid for process in bench.processes.started]
+    # Everything it started was stopped, by pid.
+    assert not bench.processes.started
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+    written = json.loads((results / f"{name}.json").read_text())
+    assert written["benchmark"] == name
+    assert written["goals"]
+    assert (results / f"{name}.png").stat().st_size > 10_000
+    return result
+
+
+def test_ingress(tmp_path: Path) -> None:
+    result = run("ingress", tmp_path)
+    for name, entry in result["closed_loop"].items():
+        for one in entry["runs"]:
+            assert one["throughput_rps"] > 0, name
+            assert one["errors"] == 0, (name, one["error_kinds"])
+    for name, by_rate in result["open_loop"].items():
+        for one in by_rate.values():
+            assert one["completed"] > 0, name
+            assert one["latency"]["p99_ms"] > 0
+    assert set(result["ratios"]) == {"vs_tutorial", "vs_minimal_durable"}
+
+
+def test_end_to_end(tmp_path: Path) -> None:
+    result = run("e2e", tmp_path)
+    for label, config in result["configs"].items():
+        assert config["noop_drain"]["rate_per_s"] > 0, label
+        assert config["taskhook_drain"]["rate_per_s"] > 0, label
+        assert config["exact"], config["counts"]
+    assert all(peak > 0 for peaks in result["peak_rss_mib"].values() for peak in peaks.values())
+
+
+def test_redelivery_storm(tmp_path: Path) -> None:
+    result = run("storm", tmp_path)
+    # Correctness, not speed: every delivery became exactly one task, once.
+    assert result["goals"]["exactly one task and one create per delivery"], result["storm"]
+    for entry in result["duplicate_vs_new"]["rounds"]:
+        assert entry["new"]["throughput_rps"] > 0
+        assert entry["duplicate"]["throughput_rps"] > 0
+        assert (
+            entry["duplicate"]["by_answer"]["duplicate"]["count"] == entry["duplicate"]["completed"]
+        )
+
+
+def test_scale(tmp_path: Path) -> None:
+    result = run("scale", tmp_path)
+    for size, stats in result["create_latency"].items():
+        assert stats["creates"] > 0 and stats["p50_ms"] > 0, size
+    for size, entry in result["ingress"].items():
+        assert entry["throughput_rps_median"] > 0, size
+
+
+def test_memory(tmp_path: Path) -> None:
+    result = run("memory", tmp_path)
+    assert result["counts"]["tasks"] == result["deliveries"]
+    assert result["peak_rss_mib"]["ingress"] > 0
+    assert result["halves"], "too few samples to compare the halves"
+
+
+def test_embedded_default(tmp_path: Path) -> None:
+    result = run("sqlite", tmp_path)
+    assert result["end_to_end_rate_per_s"] > 0
+    assert result["tasks"] == result["tasks_settled"] == result["deliveries"]
