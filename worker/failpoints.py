@@ -1,16 +1,23 @@
 """Named fail points: places where a test can make a worker die or stall.
 
-The end-to-end tests prove that a crash at any step of a delivery's create
-loses nothing and duplicates nothing. They set ``TASKHOOK_FAILPOINT`` for the
-worker process they start::
+The end-to-end and reliability tests prove that a crash at any step of a
+delivery's create loses nothing and duplicates nothing. They set
+``TASKHOOK_FAILPOINT`` for the worker process they start::
 
     TASKHOOK_FAILPOINT=after_insert:kill             # SIGKILL itself there
     TASKHOOK_FAILPOINT=after_settle:pause=2.5        # sleep 2.5 s there
     TASKHOOK_FAILPOINT=after_insert:pause=1,before_ack:kill
+    TASKHOOK_FAILPOINT=after_settle:kill@0.1         # ... on one hit in ten, at random
 
-Kill with ``--pool solo``: under prefork only the pool child dies, its message
-is rejected back to the queue (``task_reject_on_worker_lost``), and the next
-child dies at the same point, over and over.
+Kill with ``--pool solo`` to lose the whole worker. Under prefork only the
+pool child dies and its message is rejected back to the queue
+(``task_reject_on_worker_lost``): with a plain ``kill`` the next child dies at
+the same point, over and over, so prefork tests kill with a probability
+(``kill@P``) and the pool replaces each child it loses.
+
+Every action says what it does on stderr, with the delivery it was working on
+and the wall-clock time, before it does it: a test measures recovery from that
+line (``fail point after_insert: SIGKILL to pid 412 (delivery 37) at 1732890000.125``).
 
 The variable is read once, when this module is imported; unset (production),
 :func:`failpoint` is a test of an empty dict and nothing more. A name or an
@@ -21,6 +28,7 @@ a crash test pass by never crashing.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 import time
@@ -28,6 +36,10 @@ from collections.abc import Callable, Mapping
 
 ENVIRONMENT_VARIABLE = "TASKHOOK_FAILPOINT"
 
+#: The lookup by external id missed; nothing is written yet (``CreateHooks.after_lookup``).
+#: A pause here widens the race between the lookup and the insert, so that a
+#: concurrent create takes the insert's unique-index backstop.
+AFTER_LOOKUP = "after_lookup"
 #: The task row's insert has committed; the create has not settled (``CreateHooks.after_insert``).
 AFTER_INSERT = "after_insert"
 #: About to settle: the source link and the settle UPDATE come next. Reached by a
@@ -38,13 +50,18 @@ AFTER_SETTLE = "after_settle"
 #: The inbox row's final state has committed; the broker has not had the ack yet.
 BEFORE_ACK = "before_ack"
 
-NAMES = frozenset({AFTER_INSERT, BEFORE_SETTLE, AFTER_SETTLE, BEFORE_ACK})
+NAMES = frozenset({AFTER_LOOKUP, AFTER_INSERT, BEFORE_SETTLE, AFTER_SETTLE, BEFORE_ACK})
 
-Action = Callable[[], None]
+#: An action, called with the delivery the process is working on (None if unknown).
+Action = Callable[[int | None], None]
+
+# Not seeded from anything a fork copies: every prefork child draws its own.
+_chance = random.SystemRandom()
 
 
 def parse(spec: str) -> dict[str, Action]:
-    """``name:kill`` or ``name:pause=SECONDS``, comma-separated, to actions by name."""
+    """``name:kill`` or ``name:pause=SECONDS``, each optionally ``@PROBABILITY``,
+    comma-separated, to actions by name."""
     actions: dict[str, Action] = {}
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -57,9 +74,35 @@ def parse(spec: str) -> dict[str, Action]:
     return actions
 
 
-def _action(name: str, action: str) -> Action:
+def _action(name: str, spec: str) -> Action:
+    action, at, chance = spec.partition("@")
+    probability = _probability(name, chance) if at else 1.0
+    run = _run(name, action.strip())
+    if probability >= 1.0:
+        return run
+
+    def sometimes(delivery: int | None) -> None:
+        if _chance.random() < probability:
+            run(delivery)
+
+    return sometimes
+
+
+def _probability(name: str, text: str) -> float:
+    try:
+        probability = float(text)
+    except ValueError:
+        probability = -1.0
+    if not 0.0 < probability <= 1.0:
+        raise ValueError(
+            f"{ENVIRONMENT_VARIABLE}: {name} needs a probability in (0, 1] after '@', not {text!r}"
+        )
+    return probability
+
+
+def _run(name: str, action: str) -> Action:
     if action == "kill":
-        return lambda: _kill(name)
+        return lambda delivery: _kill(name, delivery)
     kind, _, seconds = action.partition("=")
     if kind == "pause":
         try:
@@ -67,20 +110,25 @@ def _action(name: str, action: str) -> Action:
         except ValueError:
             delay = -1.0
         if delay >= 0:
-            return lambda: _pause(name, delay)
+            return lambda delivery: _pause(name, delay, delivery)
     raise ValueError(
         f"{ENVIRONMENT_VARIABLE}: {name} needs 'kill' or 'pause=SECONDS', not {action!r}"
     )
 
 
-def _kill(name: str) -> None:
-    _say(f"fail point {name}: SIGKILL to pid {os.getpid()}")
+def _kill(name: str, delivery: int | None) -> None:
+    _say(f"fail point {name}: SIGKILL to pid {os.getpid()}{_about(delivery)}")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _pause(name: str, seconds: float) -> None:
-    _say(f"fail point {name}: pausing {seconds} s")
+def _pause(name: str, seconds: float, delivery: int | None) -> None:
+    _say(f"fail point {name}: pausing {seconds} s in pid {os.getpid()}{_about(delivery)}")
     time.sleep(seconds)
+
+
+def _about(delivery: int | None) -> str:
+    working_on = "" if delivery is None else f" (delivery {delivery})"
+    return f"{working_on} at {time.time():.3f}"
 
 
 def _say(line: str) -> None:
@@ -96,12 +144,15 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, Action]:
 _ACTIONS: dict[str, Action] = _from_environment(os.environ)
 
 
-def failpoint(name: str) -> None:
-    """Run the action configured for ``name``, if any. Free when none is configured."""
+def failpoint(name: str, *, delivery: int | None = None) -> None:
+    """Run the action configured for ``name``, if any. Free when none is configured.
+
+    ``delivery`` is the inbox row being worked on, named in what the action prints.
+    """
     if _ACTIONS:
         action = _ACTIONS.get(name)
         if action is not None:
-            action()
+            action(delivery)
 
 
 def configure(spec: str | None) -> None:

@@ -71,12 +71,12 @@ from models.errors import (
     WorkspaceMisconfigured,
     WorkspaceNotAccessible,
 )
-from models.external_id import InvalidExternalId
+from models.external_id import InvalidExternalId, normalize_external_id
 from models.inbox import DeliveryStatus, Lease, claim, defer, finish
 from models.settings import Settings
 from models.tables import Delivery, Task, WebhookSource, utcnow
 from models.tasks import CreateHooks, CreateOutcome, complete_creation, create_task
-from worker.failpoints import AFTER_INSERT, AFTER_SETTLE, BEFORE_SETTLE, failpoint
+from worker.failpoints import AFTER_INSERT, AFTER_LOOKUP, AFTER_SETTLE, BEFORE_SETTLE, failpoint
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +182,35 @@ def draft_of(
 
 
 def _failpoint_hooks() -> CreateHooks:
-    def after_insert(_task: Task) -> None:
-        failpoint(AFTER_INSERT)
-        failpoint(BEFORE_SETTLE)
+    def after_insert(task: Task) -> None:
+        failpoint(AFTER_INSERT, delivery=task.created_by_delivery)
+        failpoint(BEFORE_SETTLE, delivery=task.created_by_delivery)
 
-    return CreateHooks(after_insert=after_insert)
+    return CreateHooks(after_lookup=lambda: failpoint(AFTER_LOOKUP), after_insert=after_insert)
 
 
 FAILPOINT_HOOKS = _failpoint_hooks()
+
+
+@dataclass
+class _LookupMisses:
+    """Counts the create's lookup misses, around the caller's hooks.
+
+    A Found outcome after a miss means the lookup did not see the holder and
+    the insert's unique index (or the re-read after a pre-insert failure) did:
+    the TOCTOU backstop of seed 000, step 5. The reliability suite counts how
+    often real concurrency takes it.
+    """
+
+    hooks: CreateHooks
+    count: int = 0
+
+    def around(self) -> CreateHooks:
+        def after_lookup() -> None:
+            self.count += 1
+            self.hooks.after_lookup()
+
+        return replace(self.hooks, after_lookup=after_lookup)
 
 
 def process_delivery(
@@ -289,15 +310,21 @@ def _run(
         )
     except (UnsupportedPayload, UnsupportedContentType) as error:
         return _finish(session, lease, DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
+    if _names_no_identity(draft):
+        # The task store treats a blank external id as none at all (seed 000), and
+        # a task without one would be made again by every redelivery.
+        reason = f"cannot become a task: the payload names no external id ({draft.external_id!r})"
+        return _finish(session, lease, DeliveryStatus.DEAD, reason=reason)
 
     new = replace(draft.new_task(), created_by_delivery=work.delivery_pk)
+    misses = _LookupMisses(hooks)
     try:
         result = create_task(
             session=session,
             caller=Caller.trusted(f"delivery {work.delivery_pk}"),
             workspace_id=work.workspace_id,
             new=new,
-            hooks=hooks,
+            hooks=misses.around(),
         )
     except (InvalidTask, InvalidExternalId, WorkspaceNotAccessible) as error:
         session.rollback()
@@ -322,6 +349,15 @@ def _run(
         return _deleted_while_creating(session, lease, draft)
 
     holder = result.task
+    backstop = result.outcome.deduplicated and misses.count > 0
+    if backstop:
+        log.info(
+            "delivery %s: the lookup missed %r, the insert backstop found task %s (%s)",
+            work.delivery_pk,
+            draft.external_id,
+            holder.id,
+            result.outcome.value,
+        )
     if result.outcome is CreateOutcome.FOUND_UNSETTLED:
         if holder.created_by_delivery == work.delivery_pk:
             return _finish_own_create(session, lease, holder, draft)
@@ -345,23 +381,32 @@ def _run(
         reason = "an earlier attempt of this delivery created the task"
     elif outcome is CreateOutcome.CREATED_IDENTITY_LOST:
         reason = f"created {holder.identifier}, but {draft.external_id!r} was released meanwhile"
+    elif backstop:
+        reason = "the lookup missed; the insert's unique index found the task (the backstop)"
     if not outcome.deduplicated:
-        failpoint(AFTER_SETTLE)
+        failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
     return _finish(
         session, lease, DeliveryStatus.DONE, outcome=outcome.value, task_id=holder.id, reason=reason
     )
 
 
+def _names_no_identity(draft: TaskDraft) -> bool:
+    try:
+        return normalize_external_id(draft.external_id) is None
+    except InvalidExternalId:
+        return False  # invalid, not absent: create_task says why
+
+
 def _finish_own_create(session: Session, lease: Lease, holder: Task, draft: TaskDraft) -> Processed:
     """Steps 6-8 again for the task an earlier attempt of this delivery inserted."""
     task_id = holder.id
-    failpoint(BEFORE_SETTLE)
+    failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
     try:
         completed = complete_creation(session=session, task=holder, source=draft.new_task().source)
     except TaskNotFound:
         session.rollback()
         return _deleted_while_creating(session, lease, draft)
-    failpoint(AFTER_SETTLE)
+    failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
     return _finish(
         session,
         lease,

@@ -17,18 +17,42 @@ from models.inbox import sweepable
 
 Send = Callable[[int], None]
 
+#: Rows one sweep sends at most. Paged, so that after a lost broker the whole
+#: backlog goes out in one sweep: one page per sweep would cap the drain at
+#: ``limit`` rows per sweep interval (500 per 30 s) however many workers wait,
+#: because the next SWEEP queues behind the rows it sent and expires there.
+MAX_ROWS_PER_SWEEP = 20_000
+
 
 def sweep(
-    *, session: Session, queued_grace_seconds: float, send: Send, limit: int = 500
+    *,
+    session: Session,
+    queued_grace_seconds: float,
+    send: Send,
+    limit: int = 500,
+    max_rows: int = MAX_ROWS_PER_SWEEP,
 ) -> Sequence[int]:
     """Send PROCESS_DELIVERY (through ``send``) for ``queued`` rows older than the
-    grace period and ``processing`` rows whose lease expired; returns their keys.
+    grace period and ``processing`` rows whose lease expired, ``limit`` at a
+    time, up to ``max_rows``; returns their keys.
 
-    The rows are stamped and committed before anything is sent (store, commit,
-    then enqueue): a message never races the transaction that chose it.
+    Each page is stamped and committed before anything of it is sent (store,
+    commit, then enqueue): a message never races the transaction that chose it.
     """
-    pks = sweepable(session=session, queued_grace_seconds=queued_grace_seconds, limit=limit)
-    session.commit()
-    for pk in pks:
-        send(pk)
-    return pks
+    sent: list[int] = []
+    after = 0
+    while len(sent) < max_rows:
+        page = sweepable(
+            session=session,
+            queued_grace_seconds=queued_grace_seconds,
+            limit=min(limit, max_rows - len(sent)),
+            after=after,
+        )
+        session.commit()
+        for pk in page:
+            send(pk)
+        sent.extend(page)
+        if len(page) < limit:
+            break
+        after = page[-1]
+    return sent

@@ -33,7 +33,7 @@ def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
             retries=self.request.retries or 0,
             transient=_TRANSIENT,
         )
-    failpoint(BEFORE_ACK)
+    failpoint(BEFORE_ACK, delivery=int(delivery_pk))
     if processed.retry_in is not None:
         # Sent after the deferral committed; the lease holds until it is due.
         raise self.retry(countdown=processed.retry_in)

@@ -1,0 +1,251 @@
+"""The processes of one scenario -- uvicorn, Celery workers, beat -- on one database
+and one broker, each stopped by its pid when the scenario ends.
+
+Built on the end-to-end helpers (``tests/e2e/conftest.py``): the same
+``WorkerProcess`` (its own process group, warm shutdown then SIGKILL to the
+group), the same environment (short timings in ``FAST``), the same ``Ingress``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.db import make_engine, make_session_factory, session_scope
+from models.sources import add_source
+from models.tables import Delivery as DeliveryRow
+from models.tables import Task, WebhookSource
+from models.workspaces import create_workspace
+from tests.e2e.conftest import (
+    READY_TIMEOUT,
+    Ingress,
+    WorkerProcess,
+    wait_until,
+    worker_environment,
+)
+from tests.reliability.traffic import JIRA_SITE, Delivery
+
+#: A fail point's line:
+#: ``fail point after_insert: SIGKILL to pid 412 (delivery 37) at 1732890000.125``.
+KILL_LINE = re.compile(
+    r"fail point (?P<point>\w+): SIGKILL to pid (?P<pid>\d+)"
+    r"(?: \(delivery (?P<delivery>\d+)\))? at (?P<at>[\d.]+)"
+)
+BACKSTOP_LINE = re.compile(r"delivery (?P<delivery>\d+): the lookup missed .* the insert backstop")
+SWEEP_LINE = re.compile(r"Task taskhook\.sweep\[[^\]]+\] succeeded in [\d.]+s: \{'sent': (\d+)\}")
+
+
+class Stack:
+    def __init__(self, folder: Path, database_url: str, broker_url: str, **env: str) -> None:
+        self.folder, self.database_url, self.broker_url = folder, database_url, broker_url
+        self.env = env
+        self.processes: list[WorkerProcess] = []
+        self.workers: list[WorkerProcess] = []
+        self.ingresses: list[Ingress] = []
+
+    def _environment(self, env: dict[str, str]) -> dict[str, str]:
+        return worker_environment(self.database_url, self.broker_url, **(self.env | env))
+
+    def worker(
+        self,
+        name: str,
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        queues: str = "deliveries",
+        beat: bool = False,
+        wait: bool = True,
+        **env: str,
+    ) -> WorkerProcess:
+        """``celery -A worker worker`` with its own log; ready when it returns."""
+        unique = f"{name}-{uuid.uuid4().hex[:6]}"
+        args = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues]
+        args += ["-n", f"{unique}@%h", "-l", "INFO", "--pool", pool]
+        args += ["-c", str(concurrency)] if pool == "prefork" else []
+        args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        if beat:
+            args += ["-B", "-s", str(self.folder / f"{unique}-beat-schedule")]
+        process = WorkerProcess(unique, self.folder / f"{unique}.log", args, self._environment(env))
+        self.processes.append(process)
+        self.workers.append(process)
+        if wait:
+            process.wait_ready()
+        return process
+
+    def beat(self, **env: str) -> WorkerProcess:
+        """``celery -A worker beat``: the sweeper's clock, as the Procfile runs it."""
+        unique = f"beat-{uuid.uuid4().hex[:6]}"
+        args = [sys.executable, "-m", "celery", "-A", "worker", "beat", "-l", "INFO"]
+        args += ["-s", str(self.folder / f"{unique}-schedule")]
+        process = WorkerProcess(unique, self.folder / f"{unique}.log", args, self._environment(env))
+        self.processes.append(process)
+        self.workers.append(process)
+        wait_for_text(process, "beat: Starting...")
+        return process
+
+    def ingress(self, **env: str) -> Ingress:
+        merged = self.env | env
+        ingress = Ingress(self.folder, self.database_url, self.broker_url, **merged)
+        self.ingresses.append(ingress)
+        self.processes.append(ingress.process)
+        return ingress
+
+    def stop(self, process: WorkerProcess) -> None:
+        process.stop()
+
+    def stop_all_workers(self) -> None:
+        """Stop every worker and beat (warm shutdown, by pid); the ingress stays."""
+        for process in reversed(self.workers):
+            process.stop()
+        self.workers.clear()
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes):
+            with contextlib.suppress(Exception):
+                process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(process.text() for process in self.processes)
+
+
+def wait_for_text(process: WorkerProcess, text: str, timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in process.text():
+        if process.process.poll() is not None:
+            pytest.fail(f"{process.name} exited early\n{process.tail()}", pytrace=False)
+        if time.monotonic() > deadline:
+            pytest.fail(f"{process.name}: no {text!r} after {timeout} s\n{process.tail()}", False)
+        time.sleep(0.05)
+
+
+def kill_process(process: WorkerProcess) -> None:
+    """SIGKILL the process itself (not a warm shutdown): a crash, by its pid."""
+    with contextlib.suppress(ProcessLookupError):
+        process.process.send_signal(signal.SIGKILL)
+    process.process.wait(timeout=10)
+
+
+def kills_in(text: str) -> list[dict]:
+    return [match.groupdict() for match in KILL_LINE.finditer(text)]
+
+
+def backstops_in(text: str) -> set[int]:
+    return {int(match["delivery"]) for match in BACKSTOP_LINE.finditer(text)}
+
+
+def swept_in(text: str) -> int:
+    return sum(int(count) for count in SWEEP_LINE.findall(text))
+
+
+# --- the scenario's view of its database --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A workspace fed by a Jira and a GitHub source, with their signing secrets."""
+
+    workspace_id: int
+    slug: str
+    jira_source: str
+    jira_secret: str
+    github_source: str
+    github_secret: str
+
+    def jira(self, key: str, **options) -> Delivery:
+        return Delivery.jira(self.jira_source, self.jira_secret, key, **options)
+
+    def github(self, number: int, **options) -> Delivery:
+        return Delivery.github(self.github_source, self.github_secret, number, **options)
+
+
+def add_tenant(sessions: sessionmaker[Session], secret_book, slug: str, prefix: str) -> Tenant:
+    jira_secret = secret_book.new(f"{slug}-jira-secret")
+    github_secret = secret_book.new(f"{slug}-github-secret")
+    with session_scope(sessions) as session:
+        workspace = create_workspace(
+            session=session, slug=slug, name=slug.title(), task_prefix=prefix
+        )
+        add_source(
+            session=session,
+            provider="jira",
+            workspace_id=workspace.id,
+            slug=f"{slug}-jira",
+            secret=jira_secret,
+            create_events=["jira:issue_created"],
+            site_url=JIRA_SITE,
+        )
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace.id,
+            slug=f"{slug}-github",
+            secret=github_secret,
+            create_events=["issues.opened", "pull_request.opened"],
+        )
+        workspace_id = workspace.id
+    return Tenant(workspace_id, slug, f"{slug}-jira", jira_secret, f"{slug}-github", github_secret)
+
+
+def unfinished(sessions: sessionmaker[Session]) -> int:
+    """Deliveries still queued or processing, in the whole database."""
+    with sessions() as session:
+        return session.scalar(
+            select(func.count())
+            .select_from(DeliveryRow)
+            .where(DeliveryRow.status.in_(["queued", "processing"]))
+        )
+
+
+def wait_drained(
+    sessions: sessionmaker[Session], *, expected: int, timeout: float, logs=()
+) -> float:
+    """Wait until ``expected`` deliveries are stored and none is unfinished;
+    returns the seconds it took."""
+    started = time.monotonic()
+
+    def drained() -> bool:
+        with sessions() as session:
+            total = session.scalar(select(func.count()).select_from(DeliveryRow))
+        return total >= expected and unfinished(sessions) == 0
+
+    wait_until(drained, timeout=timeout, what=f"{expected} deliveries finished", logs=logs)
+    return time.monotonic() - started
+
+
+def outcomes(sessions: sessionmaker[Session], workspace_id: int | None = None) -> Counter:
+    """Finished deliveries by (status, outcome)."""
+    query = select(DeliveryRow.status, DeliveryRow.outcome, func.count()).group_by(
+        DeliveryRow.status, DeliveryRow.outcome
+    )
+    if workspace_id is not None:
+        query = query.join(WebhookSource, WebhookSource.id == DeliveryRow.source_id).where(
+            WebhookSource.workspace_id == workspace_id
+        )
+    with sessions() as session:
+        return Counter({(s, o): n for s, o, n in session.execute(query).all()})
+
+
+def tasks_by_external_id(sessions: sessionmaker[Session], workspace_id: int) -> Counter:
+    with sessions() as session:
+        rows = session.execute(
+            select(Task.external_id, func.count())
+            .where(Task.workspace_id == workspace_id)
+            .group_by(Task.external_id)
+        ).all()
+    return Counter(dict(rows))
+
+
+def database_view(url: str) -> tuple[Engine, sessionmaker[Session]]:
+    engine = make_engine(url)
+    return engine, make_session_factory(engine)
