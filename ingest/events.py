@@ -92,9 +92,11 @@ async def workspace_events(
 ) -> JSONResponse | StreamingResponse:
     require_access(principal, workspace_id, "task not found")
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
+        value = last_event_id.strip()
+        # Bounded like ?after=: an id the stream could hold, never a huge number.
+        if not (value.isascii() and value.isdigit() and len(value) <= 10) or int(value) > MAX_ID:
             raise ApiError(400, "Last-Event-ID must be an event id")
-        after = int(last_event_id)
+        after = int(value)
 
     def page(cursor: int) -> list[dict]:
         def work(session: Session) -> list[dict]:

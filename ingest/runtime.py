@@ -118,7 +118,8 @@ class Runtime:
         """Turn the database's own failures into StoreUnavailable (a 503)."""
         try:
             yield
-        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as error:
+        # psycopg's own errors too: a raw pooled connection can raise them unwrapped.
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError, psycopg.Error) as error:
             raise StoreUnavailable(str(error.__class__.__name__)) from error
 
     async def verifying_source(self, provider: str, slug: str) -> VerifyingSource | None:

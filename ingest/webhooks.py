@@ -21,6 +21,7 @@ from types import ModuleType
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from ingest import github, jira
 from ingest.drafts import UnsupportedContentType, UnsupportedPayload
@@ -150,6 +151,15 @@ async def _take(
     event = adapter.event_of(headers, payload)
     if event is None:
         raise Refusal(400, "the delivery names no event", "bad_request")
+    # The inbox row must be able to hold what it keeps: a field it cannot
+    # store is the sender's mistake (a 4xx), never a "retry later".
+    if not _storable(event, EVENT_LENGTH):
+        raise Refusal(
+            400, f"unsupported event name (at most {EVENT_LENGTH} characters)", "bad_request"
+        )
+    content_type = headers.get("content-type")
+    if not _storable(content_type, CONTENT_TYPE_LENGTH):
+        raise Refusal(415, "unsupported content type", "unsupported_media_type")
 
     if event in source.create_events:
         status, reason = DeliveryStatus.QUEUED, None
@@ -161,10 +171,11 @@ async def _take(
         delivery_id=delivery_id,
         body=body,
         event=event,
-        action=action if isinstance(action, str) else None,
+        # Informational fields: kept when storable, dropped otherwise.
+        action=action if _storable(action, ACTION_LENGTH) else None,
         headers=_kept_headers(headers),
-        content_type=headers.get("content-type"),
-        hook_id=headers.get("x-github-hook-id"),
+        content_type=content_type,
+        hook_id=hook_id if _storable(hook_id := headers.get("x-github-hook-id"), 64) else None,
         status=status,
         status_reason=reason,
     )
@@ -194,11 +205,30 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
+    except ClientDisconnect:
+        # Nobody is left to answer; refuse quietly rather than as an error.
+        raise Refusal(400, "the client hung up before the body ended", "disconnected") from None
     return bytes(body)
+
+
+#: Column sizes of the inbox row (models.tables.Delivery).
+EVENT_LENGTH, ACTION_LENGTH, CONTENT_TYPE_LENGTH = 200, 100, 200
+
+
+def _storable(value: object, length: int) -> bool:
+    """A string the inbox can hold: within ``length``, no NUL, valid Unicode."""
+    if not isinstance(value, str) or len(value) > length or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -724,12 +724,6 @@ UNSTORABLE = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ingest bug R1: a signed delivery whose event, action, hook id or content type the "
-    "deliveries table cannot hold is answered 503 'retry later' (Jira retries it forever) "
-    "instead of a 4xx (or stored without the field)",
-)
 @pytest.mark.parametrize("case", list(UNSTORABLE))
 def test_a_signed_delivery_with_an_unstorable_field_is_never_a_5xx(fuzz: Fuzz, case):
     provider, extra, payload = UNSTORABLE[case]
@@ -754,10 +748,6 @@ def test_a_signed_delivery_with_an_unstorable_field_is_never_a_5xx(fuzz: Fuzz, c
         assert fuzz.rows() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ingest bug R3: Last-Event-ID is not bounded like ?after=: 20 digits or more answer 5xx",
-)
 @pytest.mark.parametrize("value", ["99999999999999999999", "1" * 5000])
 def test_an_out_of_range_last_event_id_is_a_400(fuzz: Fuzz, secret_book, value):
     with session_scope(fuzz.sessions) as session:
@@ -773,13 +763,6 @@ def test_an_out_of_range_last_event_id_is_a_400(fuzz: Fuzz, secret_book, value):
     assert response.status_code == 400, (response.status_code, response.text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ingest bug R2: a client that hangs up mid-body (a lying Content-Length) raises "
-    "ClientDisconnect into the catch-all handler, which logs a traceback on the event loop "
-    "(rendered by the RichHandler the MCP SDK installs): every such request stalls every "
-    "other request for about half a second",
-)
 def test_clients_hanging_up_mid_body_do_not_stall_the_ingress(fuzz: Fuzz, uvicorn_ingress):
     fuzz.cases["hang-ups mid-body (uvicorn)"] += 1
     path = f"/webhooks/jira/{fuzz.tenant.jira_source}"
