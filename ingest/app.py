@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest import api, events, rest, webhooks
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
@@ -88,8 +89,45 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     )
     _add_operational_routes(app)
     _add_error_handlers(app, settings)
+    # Innermost of the middleware that see every request: an unexpected error
+    # is answered here, without re-raising (Starlette's catch-all would answer
+    # and then re-raise, so uvicorn would log it again and drop the
+    # keep-alive connection).
+    app.add_middleware(UnexpectedErrors, retry_after=settings.retry_after_seconds)
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
     return app
+
+
+class UnexpectedErrors:
+    """Never a 500: whatever went wrong, nothing was half-stored (the store
+    commits or rolls back as one), so the caller may simply retry (503)."""
+
+    def __init__(self, app: ASGIApp, retry_after: int) -> None:
+        self.app = app
+        self.retry_after = retry_after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        answered = False
+
+        async def watching(message: Message) -> None:
+            nonlocal answered
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watching)
+        except Exception:
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if not answered:
+                response = JSONResponse(
+                    {"error": "temporarily unavailable; retry later"},
+                    status_code=503,
+                    headers={"Retry-After": str(self.retry_after)},
+                )
+                await response(scope, receive, send)
 
 
 def _openapi_without_422(app: FastAPI) -> dict:
@@ -136,13 +174,6 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
 
     @app.exception_handler(StoreUnavailable)
     async def _store_unavailable(request: Request, error: StoreUnavailable) -> JSONResponse:
-        return unavailable()
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        # Never a 500: whatever went wrong, nothing was half-stored (the store
-        # commits or rolls back as one), so the caller may simply retry.
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
         return unavailable()
 
 

@@ -15,6 +15,7 @@ decision, never an agent's).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -70,10 +71,17 @@ PrincipalOf = Callable[[Context], Principal | None]
 def build_mcp_server(*, sessions: Sessions, principal_of: PrincipalOf) -> MCPServer:
     """The MCP server with its one tool. ``sessions`` gives the store;
     ``principal_of`` names the caller of a tool call (None: not authenticated)."""
+    # The SDK puts a rich-traceback handler on the root logger when a server
+    # is built; taskhook's processes keep their own logging (a rendered
+    # traceback on the event loop stalls every request behind it).
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     server = MCPServer(
         name="taskhook",
         instructions="Create tasks idempotently with create_task and a stable external_id.",
     )
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
     @server.tool(name="create_task", description=CREATE_TASK_DESCRIPTION)
     async def create_task_tool(

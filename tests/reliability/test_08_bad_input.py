@@ -812,13 +812,6 @@ def failing_ingress(shared_database, private_redis, module_logs):
         process.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ingest bug R5: the catch-all Exception handler answers 503 but Starlette re-raises, "
-    "so uvicorn drops the keep-alive connection (the next request on it gets a reset), and "
-    "the traceback is rendered by the MCP SDK's RichHandler on the event loop, stalling "
-    "every request for about half a second per error",
-)
 def test_an_unexpected_error_is_a_503_that_costs_nothing_else(failing_ingress):
     url, process = failing_ingress
     with httpx.Client(base_url=url, timeout=10) as client:  # one keep-alive connection
