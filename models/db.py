@@ -29,7 +29,8 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     settings = settings or Settings()
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, **options)
+        options.setdefault("pool_pre_ping", True)
+        return create_engine(url, **options)
 
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)

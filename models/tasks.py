@@ -236,7 +236,7 @@ def _insert_new_task(
     the identity was freed again while we looked (the caller starts over)."""
     try:
         # 4. required create-time validation
-        title, description = _validated_title_and_description(new)
+        title, description = validated_title_and_description(new)
         # 5. identifier allocation, WIP admission, task-row insert: one transaction.
         #    The sequence UPDATE locks the workspace row, which also serializes
         #    the WIP count below against concurrent creates.
@@ -274,7 +274,7 @@ def _insert_new_task(
     return task
 
 
-def _validated_title_and_description(new: NewTask) -> tuple[str, str | None]:
+def validated_title_and_description(new: NewTask) -> tuple[str, str | None]:
     title = new.title.strip() if isinstance(new.title, str) else ""
     if not title:
         raise InvalidTask("title is required")
@@ -498,7 +498,7 @@ def update_task(
     change its external id: it is set once, at create."""
     task = get_task(session=session, caller=caller, task_id=task_id)
     if title is not None:
-        task.title, _ = _validated_title_and_description(NewTask(title=title))
+        task.title, _ = validated_title_and_description(NewTask(title=title))
     if clear_description:
         task.description = None
     elif description is not None:

@@ -53,9 +53,11 @@ from __future__ import annotations
 
 import logging
 import random
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+import psycopg
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -75,14 +77,23 @@ from models.external_id import InvalidExternalId, normalize_external_id
 from models.inbox import DeliveryStatus, Lease, claim, defer, finish
 from models.settings import Settings
 from models.tables import Delivery, Task, WebhookSource, utcnow
-from models.tasks import CreateHooks, CreateOutcome, complete_creation, create_task
+from models.tasks import (
+    CreateHooks,
+    CreateOutcome,
+    NewTask,
+    complete_creation,
+    create_task,
+    validated_title_and_description,
+)
 from worker.failpoints import AFTER_INSERT, AFTER_LOOKUP, AFTER_SETTLE, BEFORE_SETTLE, failpoint
+from worker.fastpath import FastPath, Settlement, Work, fast_path
 
 log = logging.getLogger(__name__)
 
-#: Errors of the database itself (connection lost, deadlock, pool exhausted):
-#: worth retrying. The task store's own errors are decided case by case above.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, PoolTimeoutError)
+#: Errors of the database itself (connection lost, deadlock, pool exhausted),
+#: through SQLAlchemy or on the fast path's own psycopg connection: worth
+#: retrying. The task store's own errors are decided case by case above.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, PoolTimeoutError, psycopg.Error)
 
 #: A retry's message is due this long after its deferred lease ends, so its
 #: claim finds the lease over rather than still held (clocks of two hosts may
@@ -146,22 +157,6 @@ def next_retry(
 
 
 # --- parsing -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Work:
-    """The claimed delivery and its source, copied out of the ORM: the task
-    store rolls its session back on some paths, which would expire them."""
-
-    delivery_pk: int
-    event: str
-    body: bytes
-    content_type: str | None
-    source_slug: str
-    provider: str
-    workspace_id: int
-    create_events: frozenset[str]
-    site_url: str | None
 
 
 def draft_of(
@@ -231,19 +226,14 @@ def process_delivery(
     commit. ``transient`` are the errors worth retrying.
     """
     lease: Lease | None = None  # set once the claim has committed
+    resources = ExitStack()  # the fast path's connection, back to the pool at the end
     try:
-        claimed = claim(
-            session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds
-        )
+        fast = resources.enter_context(fast_path(session.get_bind()))
+        claimed = _claim(session, fast, delivery_pk, settings)
         if claimed is None:
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
-        work = _load(session, claimed)
-        # The lease must be durable before the create: the task store rolls
-        # this session back on some paths (a lost insert race, a full WIP
-        # step), which would silently undo an uncommitted claim.
-        session.commit()
-        lease = claimed
-        return _run(session, lease, work, settings, retries, hooks, rng)
+        lease, work = claimed
+        return _run(session, fast, lease, work, settings, retries, hooks, rng)
     except transient as error:
         session.rollback()
         return _after_transient_error(
@@ -264,15 +254,34 @@ def process_delivery(
             reason="unexpected error while processing; see last_error",
             error=_describe(error),
         )
+    finally:
+        resources.close()
 
 
-def _load(session: Session, lease: Lease) -> _Work:
+def _claim(
+    session: Session, fast: FastPath | None, delivery_pk: int, settings: Settings
+) -> tuple[Lease, Work] | None:
+    """A committed lease and the work it covers, or None (finished, or held)."""
+    if fast is not None:
+        return fast.claim(delivery_pk, lease_seconds=settings.lease_seconds)
+    lease = claim(session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds)
+    if lease is None:
+        return None
+    work = _load(session, lease)
+    # The lease must be durable before the create: the task store rolls this
+    # session back on some paths (a lost insert race, a full WIP step), which
+    # would silently undo an uncommitted claim.
+    session.commit()
+    return lease, work
+
+
+def _load(session: Session, lease: Lease) -> Work:
     delivery, source = session.execute(
         select(Delivery, WebhookSource)
         .join(WebhookSource, WebhookSource.id == Delivery.source_id)
         .where(Delivery.id == lease.delivery_pk)
     ).one()
-    return _Work(
+    return Work(
         delivery_pk=delivery.id,
         event=delivery.event,
         body=delivery.body,
@@ -287,8 +296,9 @@ def _load(session: Session, lease: Lease) -> _Work:
 
 def _run(
     session: Session,
+    fast: FastPath | None,
     lease: Lease,
-    work: _Work,
+    work: Work,
     settings: Settings,
     retries: int,
     hooks: CreateHooks,
@@ -317,7 +327,13 @@ def _run(
         return _finish(session, lease, DeliveryStatus.DEAD, reason=reason)
 
     new = replace(draft.new_task(), created_by_delivery=work.delivery_pk)
+    # Counted across both paths: a fast lookup that missed, then a general
+    # create that found the task, took the backstop.
     misses = _LookupMisses(hooks)
+    if fast is not None:
+        created = _create_fast(session, fast, lease, work, new, draft, misses.around())
+        if created is not None:
+            return created
     try:
         result = create_task(
             session=session,
@@ -360,7 +376,9 @@ def _run(
         )
     if result.outcome is CreateOutcome.FOUND_UNSETTLED:
         if holder.created_by_delivery == work.delivery_pk:
-            return _finish_own_create(session, lease, holder, draft)
+            failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
+            reason = "finished the create an earlier attempt of this delivery left unsettled"
+            return _finish_own_create(session, lease, holder, draft, reason=reason)
         return _wait_or_park(
             session,
             lease,
@@ -390,6 +408,61 @@ def _run(
     )
 
 
+def _create_fast(
+    session: Session,
+    fast: FastPath,
+    lease: Lease,
+    work: Work,
+    new: NewTask,
+    draft: TaskDraft,
+    hooks: CreateHooks,
+) -> Processed | None:
+    """The plain create on the fast path: Created, the delivery done.
+
+    None, with nothing written, hands the create to ``create_task`` (a task
+    holds the identity, the new task is invalid, the intake step has a WIP
+    limit, a rival won the race): its lookup gives the outcome.
+    """
+    try:
+        external_id = normalize_external_id(new.external_id)  # 2. validate + normalize
+        if new.source is None or external_id is None:
+            return None
+        if fast.is_held(work.workspace_id, external_id):  # 3. LOOKUP
+            return None
+        hooks.after_lookup()
+        title, description = validated_title_and_description(new)  # 4. validation
+    except (InvalidExternalId, InvalidTask):
+        return None
+    inserted = fast.insert(  # 5. allocation, admission, insert
+        workspace_id=work.workspace_id,
+        external_id=external_id,
+        title=title,
+        description=description,
+        delivery_pk=work.delivery_pk,
+    )
+    if inserted is None:
+        return None
+    task = Task(  # not in the session: what the hooks and a hand-over need to know
+        id=inserted.id,
+        workspace_id=inserted.workspace_id,
+        identifier=inserted.identifier,
+        external_id=inserted.external_id,
+        created_by_delivery=inserted.created_by_delivery,
+    )
+    hooks.after_insert(task)
+    settlement = fast.settle_and_finish(task=inserted, source=new.source, lease=lease)  # 6, 7
+    if settlement is Settlement.TAKEN_OVER:
+        return _taken_over(lease)
+    if settlement is Settlement.FINISHED:
+        failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
+        return Processed(
+            lease.delivery_pk, DeliveryStatus.DONE, outcome="created", task_id=inserted.id
+        )
+    # Deleted or released before it settled: the general completion re-reads
+    # and tells which, as it does for a crashed attempt's own task.
+    return _finish_own_create(session, lease, task, draft, reason=None)
+
+
 def _names_no_identity(draft: TaskDraft) -> bool:
     try:
         return normalize_external_id(draft.external_id) is None
@@ -397,23 +470,29 @@ def _names_no_identity(draft: TaskDraft) -> bool:
         return False  # invalid, not absent: create_task says why
 
 
-def _finish_own_create(session: Session, lease: Lease, holder: Task, draft: TaskDraft) -> Processed:
-    """Steps 6-8 again for the task an earlier attempt of this delivery inserted."""
-    task_id = holder.id
-    failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
+def _finish_own_create(
+    session: Session, lease: Lease, task: Task, draft: TaskDraft, *, reason: str | None
+) -> Processed:
+    """Steps 6-8 for a task this delivery inserted and nobody settled yet: an
+    earlier attempt's, or this attempt's when the fast path's settlement found
+    the task deleted or its identity released. ``task`` carries the identity
+    it was inserted with."""
+    task_id, identifier = task.id, task.identifier
     try:
-        completed = complete_creation(session=session, task=holder, source=draft.new_task().source)
+        completed = complete_creation(session=session, task=task, source=draft.new_task().source)
     except TaskNotFound:
         session.rollback()
         return _deleted_while_creating(session, lease, draft)
     failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
+    if completed.outcome is CreateOutcome.CREATED_IDENTITY_LOST:
+        reason = f"created {identifier}, but {draft.external_id!r} was released meanwhile"
     return _finish(
         session,
         lease,
         DeliveryStatus.DONE,
         outcome=completed.outcome.value,
         task_id=task_id,
-        reason="finished the create an earlier attempt of this delivery left unsettled",
+        reason=reason,
     )
 
 

@@ -33,7 +33,12 @@ def sessions() -> sessionmaker[Session]:
     if _sessions is None:
         with _lock:
             if _sessions is None:
-                _engine = make_engine(settings().database_url, settings=settings())
+                # No ping per checkout: it is a round trip per delivery. A
+                # connection the server dropped fails one attempt, which is
+                # retried (the dead connection is invalidated, not reused).
+                _engine = make_engine(
+                    settings().database_url, settings=settings(), pool_pre_ping=False
+                )
                 _sessions = make_session_factory(_engine)
     return _sessions
 
