@@ -27,7 +27,7 @@ from ingest import api, events, rest, webhooks
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
-from ingest.runtime import Runtime, StoreUnavailable
+from ingest.runtime import Runtime, StoreUnavailable, inbox_opened
 from models.db import make_engine, make_session_factory
 from models.settings import Settings, get_settings
 
@@ -48,7 +48,9 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
             on_dropped=metrics.relay_dropped.inc,
             on_published=metrics.relay_published.inc,
         )
-        app.state.runtime = Runtime(settings, make_session_factory(engine), relay, metrics)
+        app.state.runtime = runtime = Runtime(
+            settings, make_session_factory(engine), relay, metrics
+        )
         relay.start()
         try:
             # An MCP session manager runs once, so each lifespan builds its own.
@@ -64,7 +66,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
                 # one authenticates every request instead.
                 transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             )
-            async with mcp_server.session_manager.run():
+            async with inbox_opened(runtime), mcp_server.session_manager.run():
                 yield
         finally:
             relay.stop()
@@ -76,7 +78,8 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
         version="0.1.0",
         lifespan=lifespan,
     )
-    app.include_router(webhooks.router)
+    # First, and outside FastAPI's endpoint machinery: the hot path (see ingest.webhooks).
+    app.router.routes.extend(webhooks.routes())
     app.include_router(api.router)
     app.include_router(events.router)
     # MCP over streamable HTTP at /mcp/, behind the REST API's bearer tokens.
@@ -135,7 +138,11 @@ def _openapi_without_422(app: FastAPI) -> dict:
     every request validation error into a 400 with ``{"error": ...}``."""
     if app.openapi_schema is None:
         schema = get_openapi(
-            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            # The webhook routes are bare ASGI; their description is kept apart.
+            routes=[*webhooks.documentation.routes, *app.routes],
         )
         for path in schema["paths"].values():
             for operation in path.values():

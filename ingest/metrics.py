@@ -6,11 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 
 @dataclass
 class IngressMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    #: Labelled children by (metric, labels): ``labels()`` takes a lock and
+    #: builds the key on every call, and the webhook path counts on every
+    #: request. Never more entries than the metrics have series.
+    _children: dict[tuple[str, tuple[str, ...]], MetricWrapperBase] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         self.deliveries = Counter(
@@ -50,3 +57,17 @@ class IngressMetrics:
             "Delivery keys the relay could not hand to the broker (left to the sweeper).",
             registry=self.registry,
         )
+
+    def count_delivery(self, provider: str, source: str, result: str) -> None:
+        """One more webhook delivery answered (``taskhook_deliveries``)."""
+        self._child("deliveries", provider, source, result).inc()
+
+    def observe_latency(self, provider: str, seconds: float) -> None:
+        self._child("latency", provider).observe(seconds)
+
+    def _child(self, metric: str, *labels: str) -> MetricWrapperBase:
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = getattr(self, metric).labels(*labels)
+        return child

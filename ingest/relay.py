@@ -14,7 +14,6 @@ requests past GitHub's 10 s timeout when Redis freezes (PERF-NOTES).
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ def celery_publisher(settings: Settings) -> Publish:
     )
     # One short retry, then give up: the sweeper is the slow path, not us.
     retry_policy = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
+    messages = DeliveryMessages(app)
 
     def publish(keys: Sequence[int]) -> None:
         with app.producer_or_acquire() as producer:
@@ -56,40 +56,71 @@ def celery_publisher(settings: Settings) -> Publish:
                     )
                 return
             # Redis: the whole batch goes out in one pipeline (one round trip),
-            # and each message is built by Celery's own create_task_message
-            # and published without send_task's routing and option handling:
-            # about 75 us of CPU a key instead of 430 (unbatched) or 160
-            # (batched send_task) -- CPU this thread would otherwise take from
-            # the request path under the GIL (docs/performance.md). Buffering
-            # cannot fail on the connection, so there is nothing to retry
-            # before the flush; a failed flush leaves the batch to the sweeper,
-            # like any failed publish.
+            # and each message is Celery's own (see DeliveryMessages), published
+            # without send_task's routing and option handling -- CPU this thread
+            # would otherwise take from the request path under the GIL
+            # (docs/performance.md). Buffering cannot fail on the connection, so
+            # there is nothing to retry before the flush; a failed flush leaves
+            # the batch to the sweeper, like any failed publish.
             with producer.batch(max_size=len(keys)):
                 for key in keys:
-                    message = app.amqp.create_task_message(
-                        uuid(),
-                        PROCESS_DELIVERY,
-                        [key],
-                        {},
-                        # None, not False: the task's own setting (no result) applies.
-                        ignore_result=None,
-                    )
+                    body, headers, properties = messages.message(key)
                     producer.publish(
-                        message.body,
+                        body,
                         exchange="",
                         routing_key=DELIVERIES_QUEUE,
                         serializer="json",
-                        headers=message.headers,
+                        headers=headers,
                         delivery_mode=2,
                         retry=False,
-                        **message.properties,
+                        **properties,
                     )
 
     return publish
 
 
+class DeliveryMessages:
+    """PROCESS_DELIVERY task messages, exactly as Celery's ``create_task_message``
+    builds them, at a fraction of its cost.
+
+    Celery builds some twenty headers per message, most of them the same for
+    every message of one process (the task name, the origin node, no ETA, no
+    group); only the task id and the key differ. Those are filled into one
+    message built by Celery itself when the publisher starts, so a change in
+    Celery's protocol reaches these messages too (tests compare the two).
+    """
+
+    #: The task id of the template message; never published.
+    _TEMPLATE_ID = "00000000-0000-0000-0000-000000000000"
+
+    def __init__(self, app: Celery) -> None:
+        template = app.amqp.create_task_message(
+            self._TEMPLATE_ID,
+            PROCESS_DELIVERY,
+            [0],
+            {},
+            # None, not False: the task's own setting (no result) applies.
+            ignore_result=None,
+        )
+        self._headers = dict(template.headers)
+        self._properties = dict(template.properties)
+        self._embed = template.body[2]
+
+    def message(self, key: int, task_id: str | None = None) -> tuple[tuple, dict, dict]:
+        """The body, headers and properties of the message for inbox row ``key``."""
+        task_id = task_id or uuid()
+        headers = self._headers.copy()
+        # A message sent outside any task is its own root (as in create_task_message).
+        headers["id"] = headers["root_id"] = task_id
+        # saferepr([key]) for an integer key: what the worker logs.
+        headers["argsrepr"] = f"[{int(key)}]"
+        properties = self._properties.copy()
+        properties["correlation_id"] = task_id
+        return ([key], {}, self._embed), headers, properties
+
+
 class Relay:
-    """A bounded in-memory queue of inbox keys and the thread that publishes them."""
+    """A bounded in-memory list of inbox keys and the thread that publishes them."""
 
     def __init__(
         self,
@@ -97,16 +128,20 @@ class Relay:
         *,
         capacity: int = 10_000,
         batch_size: int = 100,
-        linger: float = 0.005,
+        linger: float = 0.02,
         on_dropped: Callable[[int], None] = lambda count: None,
         on_published: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._publish = publish
-        self._keys: queue.Queue[int] = queue.Queue(maxsize=capacity)
+        self._capacity = capacity
         self._batch_size = batch_size
         self._linger = linger
         self._on_dropped = on_dropped
         self._on_published = on_published
+        self._lock = threading.Lock()
+        self._keys: list[int] = []
+        #: Set while keys wait: the thread wakes once per batch, not once per key.
+        self._waiting = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="taskhook-relay", daemon=True)
 
@@ -116,41 +151,50 @@ class Relay:
     def stop(self, timeout: float = 5.0) -> None:
         """Publish what is queued (within ``timeout``), then stop."""
         self._stopping.set()
+        self._waiting.set()
         self._thread.join(timeout)
 
     def submit(self, key: int) -> None:
         """Queue ``key`` for publishing; never blocks. When full, the key is
         dropped and counted: its row stays queued for the sweeper."""
-        try:
-            self._keys.put_nowait(key)
-        except queue.Full:
+        with self._lock:
+            if len(self._keys) >= self._capacity:
+                full = True
+            else:
+                full = False
+                self._keys.append(key)
+                first = len(self._keys) == 1
+        if full:
             self._on_dropped(1)
+        elif first:
+            # Only the first key of a batch wakes the thread. Waking it for
+            # every key cost more than publishing: each wake-up took the GIL
+            # from the event loop in the middle of a request
+            # (docs/performance.md).
+            self._waiting.set()
 
     def pending(self) -> int:
-        return self._keys.qsize()
+        with self._lock:
+            return len(self._keys)
 
     def _next_batch(self) -> list[int]:
-        try:
-            batch = [self._keys.get(timeout=0.1)]
-        except queue.Empty:
+        if not self._waiting.wait(timeout=0.1):
             return []
-        # Linger a few milliseconds for more keys: a publish has a fixed cost
-        # (a pipeline, a producer) that a batch of one pays alone, and at a
-        # few hundred deliveries a second most batches were of one or two.
-        deadline = time.monotonic() + self._linger
-        while len(batch) < self._batch_size:
-            remaining = 0.0 if self._stopping.is_set() else deadline - time.monotonic()
-            try:
-                if remaining > 0:
-                    batch.append(self._keys.get(timeout=remaining))
-                else:
-                    batch.append(self._keys.get_nowait())
-            except queue.Empty:
-                break
+        # Linger for more keys: a publish has a fixed cost (a pipeline, a
+        # producer) that a batch of one pays alone, and at a few hundred
+        # deliveries a second most batches were of one or two. The answers
+        # never wait for this; only the worker's start does, by a few ms.
+        if self.pending() < self._batch_size and not self._stopping.is_set():
+            self._stopping.wait(self._linger)
+        with self._lock:
+            batch = self._keys[: self._batch_size]
+            del self._keys[: self._batch_size]
+            if not self._keys:
+                self._waiting.clear()
         return batch
 
     def _run(self) -> None:
-        while not (self._stopping.is_set() and self._keys.empty()):
+        while not (self._stopping.is_set() and not self.pending()):
             batch = self._next_batch()
             if not batch:
                 continue

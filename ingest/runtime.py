@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -22,10 +21,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
 from models.db import session_scope
-from models.inbox import DeliveryStatus, IncomingDelivery, Recorded, record_delivery
+from models.inbox import (
+    IncomingDelivery,
+    Recorded,
+    delivery_values,
+    postgresql_inbox_sql,
+    record_delivery,
+    stored_duplicate,
+)
 from models.settings import Settings
 from models.sources import VerifyingSource, verifying_source
-from models.tables import utcnow
 
 _MAX_CACHED_SOURCES = 1000
 #: Deliveries this process stored lately, kept to answer their redeliveries.
@@ -34,22 +39,6 @@ _RECENT_DELIVERIES = 10_000
 _DEFAULT_STORE_CONCURRENCY = 5
 
 T = TypeVar("T")
-
-# The inbox row of models.inbox.record_delivery, written without an ORM session
-# on PostgreSQL (see Runtime.record): the same columns, the same conflict
-# target, the same answers.
-_INSERT_DELIVERY = """
-INSERT INTO deliveries (source_id, delivery_id, hook_id, body, body_sha256, content_type,
-                        event, action, headers, received_at, updated_at, status,
-                        status_reason, attempts, payload_mismatches)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0, 0)
-ON CONFLICT (source_id, delivery_id) DO NOTHING
-RETURNING id
-"""
-_STORED_DELIVERY = (
-    "SELECT id, body_sha256, status FROM deliveries WHERE source_id = %s AND delivery_id = %s"
-)
-_COUNT_MISMATCH = "UPDATE deliveries SET payload_mismatches = payload_mismatches + 1 WHERE id = %s"
 
 
 class StoreUnavailable(Exception):
@@ -140,55 +129,15 @@ class Runtime:
         return source
 
     def record(self, incoming: IncomingDelivery) -> Recorded:
-        """Store the delivery once (``models.inbox.record_delivery``); blocking.
-
-        On PostgreSQL the row is written with one autocommit statement on a
-        pooled connection, without an ORM session: a new delivery is one round
-        trip, and the ingress spends half the CPU per delivery it spent
-        through a session (BEGIN, INSERT, COMMIT; docs/performance.md). Other
-        databases go through ``record_delivery`` itself.
-        """
-        engine = self.sessions.kw["bind"]
-        if engine.dialect.name != "postgresql":
-            with self.store_errors(), session_scope(self.sessions) as session:
-                return record_delivery(session=session, incoming=incoming)
-        with self.store_errors():
-            pooled = engine.raw_connection()
-        connection = pooled.driver_connection
-        try:
-            connection.autocommit = True
-            return _record_on(connection, incoming)
-        except psycopg.Error as error:
-            if isinstance(error, psycopg.OperationalError) or connection.closed:
-                pooled.invalidate(error)  # never hand a broken connection back out
-            raise StoreUnavailable(error.__class__.__name__) from error
-        finally:
-            if not connection.closed:
-                connection.autocommit = False  # the pool's other users expect transactions
-            pooled.close()
+        """Store the delivery once (``models.inbox.record_delivery``) in a
+        session of its own; blocking. On PostgreSQL the webhook path writes
+        through :class:`AsyncInbox` instead."""
+        with self.store_errors(), session_scope(self.sessions) as session:
+            return record_delivery(session=session, incoming=incoming)
 
     def _load_source(self, provider: str, slug: str) -> VerifyingSource | None:
         with self.store_errors(), session_scope(self.sessions) as session:
             return verifying_source(session=session, provider=provider, slug=slug)
-
-
-def _record_on(connection: psycopg.Connection, incoming: IncomingDelivery) -> Recorded:
-    digest = hashlib.sha256(incoming.body).hexdigest()
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_DELIVERY, _delivery_row(incoming, digest))
-        inserted = cursor.fetchone()
-        if inserted is not None:
-            return Recorded(pk=inserted[0], is_new=True, status=incoming.status)
-        # A duplicate: the stored row answers (its own status, and whether
-        # this body differs from the one stored).
-        cursor.execute(_STORED_DELIVERY, (incoming.source_id, incoming.delivery_id))
-        pk, stored_digest, status = cursor.fetchone()
-        mismatch = stored_digest != digest
-        if mismatch:
-            cursor.execute(_COUNT_MISMATCH, (pk,))
-        return Recorded(
-            pk=pk, is_new=False, status=DeliveryStatus(status), payload_mismatch=mismatch
-        )
 
 
 class AsyncInbox:
@@ -255,42 +204,24 @@ class AsyncInbox:
                 await self._idle.pop().close()
 
 
-def _delivery_row(incoming: IncomingDelivery, digest: str) -> tuple:
-    now = utcnow()
-    return (
-        incoming.source_id,
-        incoming.delivery_id,
-        incoming.hook_id,
-        incoming.body,
-        digest,
-        incoming.content_type,
-        incoming.event,
-        incoming.action,
-        Json(dict(incoming.headers)),
-        now,
-        now,
-        incoming.status.value,
-        incoming.status_reason,
-    )
-
-
 async def _record_async(
     connection: psycopg.AsyncConnection, incoming: IncomingDelivery
 ) -> Recorded:
-    digest = hashlib.sha256(incoming.body).hexdigest()
+    """``models.inbox.record_delivery`` on a psycopg connection in autocommit
+    mode: the same statements (``postgresql_inbox_sql``), the same answers."""
+    sql = postgresql_inbox_sql()
+    values = delivery_values(incoming)
+    values["headers"] = Json(values["headers"])
     async with connection.cursor() as cursor:
-        await cursor.execute(_INSERT_DELIVERY, _delivery_row(incoming, digest))
+        await cursor.execute(sql.insert, values)
         inserted = await cursor.fetchone()
         if inserted is not None:
             return Recorded(pk=inserted[0], is_new=True, status=incoming.status)
-        await cursor.execute(_STORED_DELIVERY, (incoming.source_id, incoming.delivery_id))
-        pk, stored_digest, status = await cursor.fetchone()
-        mismatch = stored_digest != digest
-        if mismatch:
-            await cursor.execute(_COUNT_MISMATCH, (pk,))
-        return Recorded(
-            pk=pk, is_new=False, status=DeliveryStatus(status), payload_mismatch=mismatch
-        )
+        await cursor.execute(sql.stored, values)
+        recorded = stored_duplicate(incoming, *await cursor.fetchone())
+        if recorded.payload_mismatch:
+            await cursor.execute(sql.count_mismatch, {"pk": recorded.pk})
+        return recorded
 
 
 def postgres_conninfo(runtime: Runtime) -> str | None:
@@ -299,3 +230,19 @@ def postgres_conninfo(runtime: Runtime) -> str | None:
     if url.get_backend_name() != "postgresql":
         return None
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@contextlib.asynccontextmanager
+async def inbox_opened(runtime: Runtime) -> AsyncIterator[None]:
+    """On PostgreSQL, the event-loop inbox writer for the app's lifespan (its
+    connections are closed at shutdown); elsewhere, nothing."""
+    conninfo = postgres_conninfo(runtime)
+    if conninfo is None:
+        yield
+        return
+    runtime.inbox = AsyncInbox(conninfo)
+    try:
+        yield
+    finally:
+        inbox, runtime.inbox = runtime.inbox, None
+        await inbox.close()

@@ -9,27 +9,34 @@ Guards run in a fixed order, each with its own status (STYLE, habit 2):
 Every verified delivery is answered 2xx once it is stored -- duplicates too --
 because Jira retries on 409 and on 5xx, and a retry of something we already
 hold can only make noise. Nothing is stored before the signature verifies.
+
+The two routes are bare ASGI apps (:class:`WebhookRoute`) in the app's
+router, not FastAPI endpoints: at the ingress's rate, FastAPI's per-request
+machinery (dependency solving, two exit stacks per request, a response
+object) cost more CPU than the guards themselves (docs/performance.md). They
+still run inside the app's middleware (an unexpected error is a 503, never a
+500), answer with the same statuses and bodies, and :data:`documentation`
+describes them in the OpenAPI document as before.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from types import ModuleType
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from starlette.requests import ClientDisconnect
+from starlette.datastructures import Headers
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from ingest import github, jira
 from ingest.drafts import UnsupportedContentType, UnsupportedPayload
-from ingest.runtime import AsyncInbox, Runtime, StoreUnavailable, postgres_conninfo
+from ingest.runtime import Runtime, StoreUnavailable
 from ingest.schemas import ErrorBody
 from models.inbox import DeliveryStatus, IncomingDelivery
-
-ADAPTERS: dict[str, ModuleType] = {"github": github, "jira": jira}
 
 #: The only request headers kept with a delivery: never a signature or credentials.
 KEPT_HEADERS = (
@@ -43,30 +50,11 @@ KEPT_HEADERS = (
     "x-atlassian-webhook-identifier",
     "x-atlassian-webhook-retry",
 )
+_KEPT_RAW = tuple(name.encode("latin-1") for name in KEPT_HEADERS)
 
-
-@asynccontextmanager
-async def _inbox_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Open the event-loop inbox writer on PostgreSQL (runs inside the app's
-    lifespan, once the runtime exists) and close its connections at shutdown."""
-    runtime: Runtime | None = getattr(app.state, "runtime", None)
-    conninfo = postgres_conninfo(runtime) if runtime is not None else None
-    if conninfo is None:
-        yield
-        return
-    runtime.inbox = AsyncInbox(conninfo)
-    try:
-        yield
-    finally:
-        inbox, runtime.inbox = runtime.inbox, None
-        await inbox.close()
-
-
-router = APIRouter(
-    tags=["webhooks"],
-    responses={status: {"model": ErrorBody} for status in (400, 401, 404, 413, 415, 503)},
-    lifespan=_inbox_lifespan,
-)
+_DUPLICATE = b'{"status":"duplicate"}'
+_IGNORED = b'{"status":"ignored"}'
+_STORE_UNAVAILABLE = b'{"error":"the delivery store is unavailable; retry later"}'
 
 
 class Refusal(Exception):
@@ -80,50 +68,81 @@ class Refusal(Exception):
         self.result = result
 
 
-@router.post("/webhooks/github/{source}", status_code=202)
+class WebhookRoute:
+    """``POST /webhooks/<provider>/{source}``: one provider's deliveries, as an ASGI app."""
+
+    def __init__(self, adapter: ModuleType) -> None:
+        self.adapter = adapter
+        self.provider: str = adapter.PROVIDER
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime: Runtime = scope["app"].state.runtime
+        slug: str = scope["path_params"]["source"]
+        provider = self.provider
+        started = time.perf_counter()
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        try:
+            status, answer, result = await _take(
+                runtime, self.adapter, slug, Headers(scope=scope), receive
+            )
+        except Refusal as refusal:
+            status, answer, result = refusal.status, _error(refusal.reason), refusal.result
+        except StoreUnavailable:
+            status, answer, result = 503, _STORE_UNAVAILABLE, "store_unavailable"
+            retry_after = str(runtime.settings.retry_after_seconds).encode("latin-1")
+            headers = ((b"retry-after", retry_after),)
+        finally:
+            runtime.metrics.observe_latency(provider, time.perf_counter() - started)
+        # Not a slug nobody registered, nor one that could not be looked up:
+        # random URLs must not grow the series.
+        source = slug if result not in ("unknown_source", "store_unavailable") else "-"
+        runtime.metrics.count_delivery(provider, source, result)
+        await _answer(send, status, answer, *headers)
+
+
+def routes() -> list[Route]:
+    """The webhook routes, for the app's router (ahead of the REST API's)."""
+    return [
+        Route(
+            f"/webhooks/{adapter.PROVIDER}/{{source}}",
+            WebhookRoute(adapter),
+            methods=["POST"],
+            include_in_schema=False,
+        )
+        for adapter in (github, jira)
+    ]
+
+
+#: The webhook routes as the OpenAPI document describes them. Never mounted:
+#: :func:`routes` serves them.
+documentation = APIRouter(
+    tags=["webhooks"],
+    responses={status: {"model": ErrorBody} for status in (400, 401, 404, 413, 415, 503)},
+)
+
+
+@documentation.post("/webhooks/github/{source}", status_code=202)
 async def github_webhook(source: str, request: Request) -> JSONResponse:
     """A GitHub delivery (JSON or form-encoded), signed with X-Hub-Signature-256."""
-    return await _receive("github", source, request)
+    raise NotImplementedError("documentation only; served by WebhookRoute")
 
 
-@router.post("/webhooks/jira/{source}", status_code=202)
+@documentation.post("/webhooks/jira/{source}", status_code=202)
 async def jira_webhook(source: str, request: Request) -> JSONResponse:
     """A Jira delivery, signed with X-Hub-Signature (sha256=...)."""
-    return await _receive("jira", source, request)
-
-
-async def _receive(provider: str, slug: str, request: Request) -> JSONResponse:
-    runtime: Runtime = request.app.state.runtime
-    started = time.perf_counter()
-    try:
-        status, answer, result = await _take(runtime, ADAPTERS[provider], slug, request)
-    except Refusal as refusal:
-        status, answer, result = refusal.status, {"error": refusal.reason}, refusal.result
-    except StoreUnavailable:
-        runtime.metrics.deliveries.labels(provider, "-", "store_unavailable").inc()
-        return JSONResponse(
-            {"error": "the delivery store is unavailable; retry later"},
-            status_code=503,
-            headers={"Retry-After": str(runtime.settings.retry_after_seconds)},
-        )
-    finally:
-        runtime.metrics.latency.labels(provider).observe(time.perf_counter() - started)
-    source = "-" if result == "unknown_source" else slug
-    runtime.metrics.deliveries.labels(provider, source, result).inc()
-    return JSONResponse(answer, status_code=status)
+    raise NotImplementedError("documentation only; served by WebhookRoute")
 
 
 async def _take(
-    runtime: Runtime, adapter: ModuleType, slug: str, request: Request
-) -> tuple[int, dict, str]:
+    runtime: Runtime, adapter: ModuleType, slug: str, headers: Headers, receive: Receive
+) -> tuple[int, bytes, str]:
     provider = adapter.PROVIDER
     source = await runtime.verifying_source(provider, slug)
     if source is None:
         raise Refusal(404, "unknown webhook source", "unknown_source")
 
-    body = await _read_body(request, runtime.settings.max_body_bytes)
+    body = await _read_body(receive, headers.get("content-length"), runtime.settings.max_body_bytes)
 
-    headers = request.headers
     if not adapter.verify_signature(body, headers, source.secrets):
         runtime.metrics.rejected_signatures.labels(provider).inc()
         raise Refusal(401, "missing or invalid signature", "bad_signature")
@@ -134,15 +153,17 @@ async def _take(
 
     # The body and the one header the event may come from: the same bytes
     # and the same event header pass every guard below exactly as before.
-    fingerprint = f"{hashlib.sha256(body).hexdigest()} {headers.get('x-github-event', '')}"
+    body_sha256 = hashlib.sha256(body).hexdigest()
+    fingerprint = f"{body_sha256} {headers.get('x-github-event', '')}"
     if runtime.stored_lately(source.id, delivery_id, fingerprint):
         # A redelivery, byte for byte, of a delivery this process committed
         # lately: "duplicate", without parsing the body again or asking the
         # database -- the cheap path a redelivery storm takes.
-        return 202, {"status": "duplicate"}, "duplicate"
+        return 202, _DUPLICATE, "duplicate"
 
+    content_type = headers.get("content-type")
     try:
-        payload = adapter.decode_body(headers.get("content-type"), body)
+        payload = adapter.decode_body(content_type, body)
     except UnsupportedContentType as error:
         raise Refusal(415, str(error), "unsupported_media_type") from None
     except UnsupportedPayload as error:
@@ -157,7 +178,6 @@ async def _take(
         raise Refusal(
             400, f"unsupported event name (at most {EVENT_LENGTH} characters)", "bad_request"
         )
-    content_type = headers.get("content-type")
     if not _storable(content_type, CONTENT_TYPE_LENGTH):
         raise Refusal(415, "unsupported content type", "unsupported_media_type")
 
@@ -170,6 +190,7 @@ async def _take(
         source_id=source.id,
         delivery_id=delivery_id,
         body=body,
+        body_sha256=body_sha256,
         event=event,
         # Informational fields: kept when storable, dropped otherwise.
         action=action if _storable(action, ACTION_LENGTH) else None,
@@ -186,34 +207,63 @@ async def _take(
     if not recorded.is_new:
         if recorded.payload_mismatch:
             runtime.metrics.payload_mismatches.labels(provider).inc()
-        return 202, {"status": "duplicate"}, "duplicate"
+        return 202, _DUPLICATE, "duplicate"
     if recorded.status is DeliveryStatus.IGNORED:
-        return 202, {"status": "ignored"}, "ignored"
+        return 202, _IGNORED, "ignored"
     # Committed first, enqueued after: the message never names a row that
     # might not exist, and a lost message is the sweeper's to recover.
     runtime.relay.submit(recorded.pk)
-    return 202, {"delivery": recorded.pk, "status": "queued"}, "queued"
+    return 202, b'{"delivery":%d,"status":"queued"}' % recorded.pk, "queued"
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
     """The raw body, refused with 413 as soon as it passes ``limit`` -- a huge or
     lying Content-Length is never buffered whole."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
+    if content_length is not None:
+        if not content_length.isdigit():
             raise Refusal(400, "invalid Content-Length header", "bad_request")
-        if int(declared) > limit:
+        if int(content_length) > limit:
             raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
     body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
-    except ClientDisconnect:
-        # Nobody is left to answer; refuse quietly rather than as an error.
-        raise Refusal(400, "the client hung up before the body ended", "disconnected") from None
-    return bytes(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # Nobody is left to answer; refuse quietly rather than as an error.
+            raise Refusal(400, "the client hung up before the body ended", "disconnected")
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        if not body and not more and len(chunk) <= limit:
+            return bytes(chunk)  # the whole body in one message: the usual case
+        body += chunk
+        if len(body) > limit:
+            raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
+        if not more:
+            return bytes(body)
+
+
+async def _answer(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+    """A JSON answer, with the headers Starlette's JSONResponse sends."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                *headers,
+                (b"content-length", str(len(body)).encode("latin-1")),
+                (b"content-type", b"application/json"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error(reason: str) -> bytes:
+    # As Starlette's JSONResponse renders it.
+    return json.dumps(
+        {"error": reason}, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    ).encode("utf-8")
 
 
 #: Column sizes of the inbox row (models.tables.Delivery).
@@ -231,5 +281,13 @@ def _storable(value: object, length: int) -> bool:
     return True
 
 
-def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {name: headers[name] for name in KEPT_HEADERS if name in headers}
+def _kept_headers(headers: Headers) -> dict[str, str]:
+    """The :data:`KEPT_HEADERS` present, first value of each (as ``headers[name]``),
+    read in one pass over the raw list."""
+    found: dict[bytes, bytes] = {}
+    for name, value in headers.raw:
+        if name in _KEPT_RAW and name not in found:
+            found[name] = value
+    return {
+        name.decode("latin-1"): found[name].decode("latin-1") for name in _KEPT_RAW if name in found
+    }

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, literal_column, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -71,6 +71,13 @@ class IncomingDelivery:
     #: QUEUED for work, IGNORED for an event this source does not turn into a task.
     status: DeliveryStatus = DeliveryStatus.QUEUED
     status_reason: str | None = None
+    #: The hex SHA-256 of ``body``; computed when not given (the ingress has
+    #: it already, and a 28 KB body is not hashed twice).
+    body_sha256: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.body_sha256:
+            object.__setattr__(self, "body_sha256", hashlib.sha256(self.body).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -90,51 +97,54 @@ def record_delivery(*, session: Session, incoming: IncomingDelivery) -> Recorded
     A second delivery under a stored id is a duplicate and changes nothing but
     the mismatch counter when its body differs.
     """
-    now = utcnow()
-    digest = hashlib.sha256(incoming.body).hexdigest()
     # The ingress's hot path: one statement, built once per dialect (see
     # _insert_statement), with the row's values as parameters.
+    values = delivery_values(incoming)
     pk = session.execute(
-        _insert_statement(session.get_bind().dialect.name),
-        {
-            "source_id": incoming.source_id,
-            "delivery_id": incoming.delivery_id,
-            "hook_id": incoming.hook_id,
-            "body": incoming.body,
-            "body_sha256": digest,
-            "content_type": incoming.content_type,
-            "event": incoming.event,
-            "action": incoming.action,
-            "headers": dict(incoming.headers),
-            "received_at": now,
-            "updated_at": now,
-            "status": incoming.status.value,
-            "status_reason": incoming.status_reason,
-            "attempts": 0,
-            "payload_mismatches": 0,
-        },
+        _insert_statement(session.get_bind().dialect.name), values
     ).scalar_one_or_none()
     if pk is not None:
         return Recorded(pk=pk, is_new=True, status=incoming.status)
+    stored = session.execute(_STORED_DELIVERY, values).one()
+    recorded = stored_duplicate(incoming, *stored)
+    if recorded.payload_mismatch:
+        session.execute(_COUNT_MISMATCH, {"pk": recorded.pk})
+    return recorded
 
-    stored = session.execute(
-        select(Delivery.id, Delivery.body_sha256, Delivery.status).where(
-            Delivery.source_id == incoming.source_id,
-            Delivery.delivery_id == incoming.delivery_id,
-        )
-    ).one()
-    mismatch = stored.body_sha256 != digest
-    if mismatch:
-        session.execute(
-            update(Delivery)
-            .where(Delivery.id == stored.id)
-            .values(payload_mismatches=Delivery.payload_mismatches + 1)
-        )
+
+def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
+    """The parameters of the inbox statements (see :class:`InboxSQL`) for ``incoming``."""
+    now = utcnow()
+    return {
+        "source_id": incoming.source_id,
+        "delivery_id": incoming.delivery_id,
+        "hook_id": incoming.hook_id,
+        "body": incoming.body,
+        "body_sha256": incoming.body_sha256,
+        "content_type": incoming.content_type,
+        "event": incoming.event,
+        "action": incoming.action,
+        "headers": dict(incoming.headers),
+        "received_at": now,
+        "updated_at": now,
+        "status": incoming.status.value,
+        "status_reason": incoming.status_reason,
+        "attempts": 0,
+        "payload_mismatches": 0,
+    }
+
+
+def stored_duplicate(
+    incoming: IncomingDelivery, pk: int, body_sha256: str, status: str
+) -> Recorded:
+    """What a delivery under an id already stored is: the stored row answers
+    (its own status), and a body that differs is a payload mismatch, counted
+    by the caller with the ``count_mismatch`` statement."""
     return Recorded(
-        pk=stored.id,
+        pk=pk,
         is_new=False,
-        status=DeliveryStatus(stored.status),
-        payload_mismatch=mismatch,
+        status=DeliveryStatus(status),
+        payload_mismatch=body_sha256 != incoming.body_sha256,
     )
 
 
@@ -172,6 +182,45 @@ def _insert_statement(dialect: str):
         .values({name: bindparam(name, type_=table.c[name].type) for name in _INSERTED_COLUMNS})
         .on_conflict_do_nothing(index_elements=[table.c.source_id, table.c.delivery_id])
         .returning(table.c.id)
+    )
+
+
+_STORED_DELIVERY = select(Delivery.id, Delivery.body_sha256, Delivery.status).where(
+    Delivery.source_id == bindparam("source_id"),
+    Delivery.delivery_id == bindparam("delivery_id"),
+)
+_COUNT_MISMATCH = (
+    update(Delivery.__table__)
+    .where(Delivery.__table__.c.id == bindparam("pk"))
+    .values(payload_mismatches=Delivery.__table__.c.payload_mismatches + literal_column("1"))
+)
+
+
+@dataclass(frozen=True)
+class InboxSQL:
+    """``record_delivery``'s statements as PostgreSQL text for psycopg, with
+    ``%(name)s`` placeholders filled from :func:`delivery_values` (``pk`` for
+    ``count_mismatch``).
+
+    For the ingress's writer on the event loop, which runs them on a bare
+    psycopg connection, without a session (ingest.runtime.AsyncInbox):
+    compiled from the very statements ``record_delivery`` executes, so the
+    two paths cannot drift apart. The ``headers`` value goes wrapped in
+    ``psycopg.types.json.Json``; everything else as it is.
+    """
+
+    insert: str
+    stored: str
+    count_mismatch: str
+
+
+@functools.cache
+def postgresql_inbox_sql() -> InboxSQL:
+    dialect = postgresql.psycopg.dialect()
+    return InboxSQL(
+        insert=str(_insert_statement("postgresql").compile(dialect=dialect)),
+        stored=str(_STORED_DELIVERY.compile(dialect=dialect)),
+        count_mismatch=str(_COUNT_MISMATCH.compile(dialect=dialect)),
     )
 
 

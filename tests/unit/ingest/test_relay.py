@@ -1,0 +1,102 @@
+"""The relay: Celery's own messages, published in batches, off the request path."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from celery import Celery
+
+from ingest.relay import DeliveryMessages, Relay
+from models.messages import PROCESS_DELIVERY
+
+
+def _app() -> Celery:
+    app = Celery("taskhook-ingress", broker="memory://", set_as_current=False)
+    app.conf.update(task_serializer="json", accept_content=["json"])
+    return app
+
+
+def test_a_delivery_message_is_exactly_what_celery_builds() -> None:
+    app = _app()
+    task_id = "5f0c7b8e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"
+    for key in (1, 42, 2**40):
+        celery = app.amqp.create_task_message(
+            task_id, PROCESS_DELIVERY, [key], {}, ignore_result=None
+        )
+        body, headers, properties = DeliveryMessages(app).message(key, task_id)
+        assert body == celery.body
+        assert headers == celery.headers
+        assert properties == celery.properties
+
+
+def test_each_message_has_its_own_task_id() -> None:
+    messages = DeliveryMessages(_app())
+    first, second = messages.message(7)[1], messages.message(7)[1]
+    assert first["id"] != second["id"]
+    assert first["root_id"] == first["id"]
+    assert first["argsrepr"] == "[7]"
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.published = threading.Event()
+
+    def __call__(self, keys) -> None:
+        self.batches.append(list(keys))
+        self.published.set()
+
+
+def test_keys_are_published_once_each_in_batches() -> None:
+    publish = _Recorder()
+    published: list[int] = []
+    relay = Relay(publish, batch_size=10, linger=0.05, on_published=published.append)
+    relay.start()
+    for key in range(25):
+        relay.submit(key)
+    relay.stop()
+    assert [key for batch in publish.batches for key in batch] == list(range(25))
+    assert all(len(batch) <= 10 for batch in publish.batches)
+    # Submitted at once, they went out in full batches, not one by one.
+    assert len(publish.batches) == 3
+    assert sum(published) == 25
+
+
+def test_a_lone_key_goes_out_after_the_linger() -> None:
+    publish = _Recorder()
+    relay = Relay(publish, linger=0.01)
+    relay.start()
+    try:
+        relay.submit(1)
+        assert publish.published.wait(2.0)
+        assert publish.batches == [[1]]
+        assert relay.pending() == 0
+    finally:
+        relay.stop()
+
+
+def test_a_full_relay_drops_and_counts_instead_of_blocking() -> None:
+    dropped: list[int] = []
+    relay = Relay(lambda keys: None, capacity=3, on_dropped=dropped.append)  # never started
+    started = time.monotonic()
+    for key in range(5):
+        relay.submit(key)
+    assert time.monotonic() - started < 0.5
+    assert relay.pending() == 3
+    assert dropped == [1, 1]
+
+
+def test_a_failed_publish_leaves_the_batch_to_the_sweeper() -> None:
+    dropped: list[int] = []
+
+    def broken(keys) -> None:
+        raise ConnectionError("broker down")
+
+    relay = Relay(broken, linger=0.0, on_dropped=dropped.append)
+    relay.start()
+    relay.submit(1)
+    relay.submit(2)
+    relay.stop()
+    assert sum(dropped) == 2
+    assert relay.pending() == 0
