@@ -45,7 +45,9 @@ AFTER_INSERT = "after_insert"
 #: About to settle: the source link and the settle UPDATE come next. Reached by a
 #: first create (right after AFTER_INSERT) and by a redelivery finishing its own create.
 BEFORE_SETTLE = "before_settle"
-#: The task is settled and committed; the inbox row is not marked done yet.
+#: The task is settled and committed. On the general path the inbox row is
+#: not marked done yet; on PostgreSQL's fast path (``worker.fastpath``) it
+#: committed with the settlement, so this is the same state as BEFORE_ACK.
 AFTER_SETTLE = "after_settle"
 #: The inbox row's final state has committed; the broker has not had the ack yet.
 BEFORE_ACK = "before_ack"

@@ -21,39 +21,31 @@ from tests.integration.worker.feeds import delivery, link_of, make_feed, store_f
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 
 
-@pytest.mark.parametrize(
-    ("point", "settled_at_death", "recovery"),
-    [
-        ("after_insert", False, "finished the create an earlier attempt"),
-        ("after_settle", True, "an earlier attempt of this delivery created the task"),
-    ],
-)
-def test_a_worker_killed_mid_create_is_recovered_by_the_sweeper(
-    start_worker: StartWorker,
-    client: Celery,
-    sessions,
-    point: str,
-    settled_at_death: bool,
-    recovery: str,
-):
+def _killed_at(start_worker: StartWorker, client: Celery, sessions, point: str):
+    """A worker that kills itself at ``point`` while processing one Jira delivery."""
     feed = make_feed(sessions, slug=f"crash-{point.replace('_', '-')}", prefix="CRASH")
     pk = store_fixture(sessions, feed, "jira", "jira_issue_created__cloud")
     doomed = start_worker(f"doomed-{point}", TASKHOOK_FAILPOINT=f"{point}:kill")
+    client.send_task(PROCESS_DELIVERY, args=[pk])
+    wait_until(
+        lambda: doomed.process.poll() is not None, timeout=30, what="the kill", logs=[doomed]
+    )
+    assert doomed.process.returncode == -9
+    assert f"fail point {point}: SIGKILL" in doomed.text()
+    return feed, pk, doomed
+
+
+def test_a_worker_killed_between_insert_and_settlement_is_recovered_by_the_sweeper(
+    start_worker: StartWorker, client: Celery, sessions
+):
+    feed, pk, doomed = _killed_at(start_worker, client, sessions, "after_insert")
     rescuer = None
     try:
-        client.send_task(PROCESS_DELIVERY, args=[pk])
-        wait_until(
-            lambda: doomed.process.poll() is not None, timeout=30, what="the kill", logs=[doomed]
-        )
-
-        assert doomed.process.returncode == -9
-        assert f"fail point {point}: SIGKILL" in doomed.text()
         (task,) = tasks_of(sessions, feed.workspace_id)
-        assert task.created_by_delivery == pk
-        assert (task.external_id_settled_at is not None) is settled_at_death
+        assert (task.created_by_delivery, task.external_id_settled_at) == (pk, None)
         assert delivery(sessions, pk).status == "processing"
 
-        rescuer = start_worker(f"rescuer-{point}", beat=True)
+        rescuer = start_worker("rescuer-after-insert", beat=True)
         wait_until(finished(sessions, pk), timeout=30, what="recovery", logs=[rescuer])
 
         row = delivery(sessions, pk)
@@ -63,7 +55,7 @@ def test_a_worker_killed_mid_create_is_recovered_by_the_sweeper(
             task.id,
             2,
         )
-        assert recovery in row.status_reason
+        assert "finished the create an earlier attempt" in row.status_reason
         (recovered,) = tasks_of(sessions, feed.workspace_id)
         assert recovered.id == task.id and recovered.external_id_settled_at is not None
         assert link_of(sessions, task.id).remote_key == "TES-41"
@@ -75,3 +67,26 @@ def test_a_worker_killed_mid_create_is_recovered_by_the_sweeper(
         for process in (doomed, rescuer):
             if process is not None:
                 process.stop()
+
+
+def test_a_worker_killed_after_the_settlement_leaves_nothing_to_recover(
+    start_worker: StartWorker, client: Celery, sessions
+):
+    # On PostgreSQL the settlement, the task.created event and the delivery's
+    # "done" commit in one statement (worker.fastpath): there is no state in
+    # which the task is settled and its delivery not yet recorded. (The
+    # general path's version of that state is covered on both databases by
+    # tests/integration/worker/test_processing.py.)
+    feed, pk, doomed = _killed_at(start_worker, client, sessions, "after_settle")
+    try:
+        (task,) = tasks_of(sessions, feed.workspace_id)
+        assert task.external_id_settled_at is not None
+        row = delivery(sessions, pk)
+        assert (row.status, row.outcome, row.task_id, row.attempts) == (
+            "done",
+            "created",
+            task.id,
+            1,
+        )
+    finally:
+        doomed.stop()
