@@ -224,8 +224,11 @@ def event_of(headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
     return name
 
 
-def to_draft(event: str, payload: dict[str, Any]) -> TaskDraft:
+def to_draft(event: str, payload: dict[str, Any], *, site: str | None = None) -> TaskDraft:
     """The task an issue or pull request delivery describes.
+
+    ``site`` is unused (GitHub payloads carry their own URLs); it is here so
+    every adapter's ``to_draft`` is called the same way.
 
     Raises :class:`UnsupportedPayload` when ``event`` is not in
     :data:`HANDLED_EVENTS` or the payload lacks what the draft needs.

@@ -32,7 +32,7 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ingest import github, jira
+from ingest.adapters import ADAPTERS, named_identity
 from ingest.drafts import UnsupportedContentType, UnsupportedPayload
 from ingest.runtime import Runtime, StoreUnavailable
 from ingest.schemas import ErrorBody
@@ -109,7 +109,7 @@ def routes() -> list[Route]:
             methods=["POST"],
             include_in_schema=False,
         )
-        for adapter in (github, jira)
+        for adapter in ADAPTERS.values()
     ]
 
 
@@ -183,8 +183,10 @@ async def _take(
 
     if event in source.create_events:
         status, reason = DeliveryStatus.QUEUED, None
+        identity = named_identity(adapter, event, payload, source.site_url)
     else:
         status, reason = DeliveryStatus.IGNORED, f"{event} does not create tasks for this source"
+        identity = None
     action = payload.get("action") if provider == "github" else None
     incoming = IncomingDelivery(
         source_id=source.id,
@@ -199,6 +201,7 @@ async def _take(
         hook_id=hook_id if _storable(hook_id := headers.get("x-github-hook-id"), 64) else None,
         status=status,
         status_reason=reason,
+        external_id=identity,
     )
     recorded = await runtime.record_delivery(incoming)
     if not recorded.payload_mismatch:

@@ -74,6 +74,8 @@ class IncomingDelivery:
     #: The hex SHA-256 of ``body``; computed when not given (the ingress has
     #: it already, and a 28 KB body is not hashed twice).
     body_sha256: str = ""
+    #: The normalized external id the body names, if the ingress read one.
+    external_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.body_sha256:
@@ -131,6 +133,7 @@ def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
         "status_reason": incoming.status_reason,
         "attempts": 0,
         "payload_mismatches": 0,
+        "external_id": incoming.external_id,
     }
 
 
@@ -164,6 +167,7 @@ _INSERTED_COLUMNS = (
     "status_reason",
     "attempts",
     "payload_mismatches",
+    "external_id",
 )
 
 

@@ -252,6 +252,10 @@ class Delivery(Base):
     task_id: Mapped[int | None] = mapped_column(Integer)
     #: Redeliveries under this id whose body differed from the stored one.
     payload_mismatches: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    #: The normalized external id the body names, as the ingress read it (NULL:
+    #: none, or stored before it was kept). The worker parses the body itself;
+    #: this lets it look the identity up while it claims (worker.fastpath).
+    external_id: Mapped[str | None] = mapped_column(ExternalIdText)
 
 
 class ApiToken(Base):

@@ -10,7 +10,11 @@ autocommit mode:
 1. **claim** -- take the lease and read the delivery with its source
    (``models.inbox.claim`` and the worker's load, in one ``UPDATE ... FROM``),
    committed without waiting for the WAL flush (see ``_CLAIM``);
-2. **lookup** -- step 3 of seed 000's create sequence, before any write;
+2. **lookup** -- step 3 of seed 000's create sequence, before any write to
+   the task store. The claim does it too, for the identity the ingress read
+   from the body (``deliveries.external_id``); when the worker's own reading
+   of the body names that identity, the claim's answer is the lookup and this
+   statement is not sent;
 3. **insert** -- step 5: identifier allocation, WIP admission and the task
    row in one statement, so the workspace's sequence row is locked only for
    the length of that statement;
@@ -67,7 +71,12 @@ UPDATE deliveries AS d
    AND s.id = d.source_id
    AND (d.status = 'queued' OR (d.status = 'processing' AND d.lease_expires_at <= %(now)s))
 RETURNING d.attempts, d.event, d.body, d.content_type,
-          s.slug, s.provider, s.workspace_id, s.create_events, s.site_url
+          s.slug, s.provider, s.workspace_id, s.create_events, s.site_url,
+          d.external_id,
+          CASE WHEN d.external_id IS NOT NULL THEN EXISTS (
+              SELECT FROM tasks AS t
+               WHERE t.workspace_id = s.workspace_id AND t.external_id = d.external_id
+          ) END
 """
 
 _LOOKUP = "SELECT 1 FROM tasks WHERE workspace_id = %(workspace)s AND external_id = %(external_id)s"
@@ -145,6 +154,14 @@ class Work:
     workspace_id: int
     create_events: frozenset[str]
     site_url: str | None
+    #: The identity the ingress read from the body, and whether a task in the
+    #: workspace held it when the claim committed (None: not looked up).
+    named_identity: str | None = None
+    held_at_claim: bool | None = None
+
+    def held(self, external_id: str) -> bool | None:
+        """The claim's lookup of ``external_id``, if it looked that identity up."""
+        return self.held_at_claim if external_id == self.named_identity else None
 
 
 @dataclass(frozen=True)
@@ -175,12 +192,16 @@ class FastPath:
 
     def claim(self, delivery_pk: int, *, lease_seconds: float) -> tuple[Lease, Work] | None:
         """Take the lease (a new attempt), or None when finished or held by another."""
+        # Binary results: the body arrives as its bytes, not as hex text twice its size.
         row = self.connection.execute(
-            _CLAIM, {"delivery": delivery_pk, "now": utcnow(), "lease_seconds": lease_seconds}
+            _CLAIM,
+            {"delivery": delivery_pk, "now": utcnow(), "lease_seconds": lease_seconds},
+            binary=True,
         ).fetchone()
         if row is None:
             return None
-        attempt, event, body, content_type, slug, provider, workspace, events, site = row
+        attempt, event, body, content_type, slug, provider, workspace, events, site = row[:9]
+        named_identity, held = row[9:]
         work = Work(
             delivery_pk=delivery_pk,
             event=event,
@@ -191,6 +212,8 @@ class FastPath:
             workspace_id=workspace,
             create_events=frozenset(events),
             site_url=site,
+            named_identity=named_identity,
+            held_at_claim=held,
         )
         return Lease(delivery_pk, attempt), work
 

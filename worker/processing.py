@@ -63,7 +63,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
-from ingest import github, jira
+from ingest.adapters import ADAPTERS
 from ingest.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
 from models.access import Caller
 from models.errors import (
@@ -166,11 +166,10 @@ def draft_of(
 
     Raises :class:`UnsupportedPayload` or :class:`UnsupportedContentType`.
     """
-    if provider == github.PROVIDER:
-        return github.to_draft(event, github.decode_body(content_type, body))
-    if provider == jira.PROVIDER:
-        return jira.to_draft(event, jira.decode_body(content_type, body), site=site_url)
-    raise UnsupportedPayload(f"no adapter for provider {provider!r}")
+    adapter = ADAPTERS.get(provider)
+    if adapter is None:
+        raise UnsupportedPayload(f"no adapter for provider {provider!r}")
+    return adapter.to_draft(event, adapter.decode_body(content_type, body), site=site_url)
 
 
 # --- the run ---------------------------------------------------------------------------
@@ -427,7 +426,10 @@ def _create_fast(
         external_id = normalize_external_id(new.external_id)  # 2. validate + normalize
         if new.source is None or external_id is None:
             return None
-        if fast.is_held(work.workspace_id, external_id):  # 3. LOOKUP
+        held = work.held(external_id)  # 3. LOOKUP: with the claim, or now
+        if held is None:
+            held = fast.is_held(work.workspace_id, external_id)
+        if held:
             return None
         hooks.after_lookup()
         title, description = validated_title_and_description(new)  # 4. validation

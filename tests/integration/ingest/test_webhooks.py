@@ -122,6 +122,9 @@ def test_a_github_create_event_is_stored_queued_and_enqueued(ingress: Ingress, n
     assert (row.status, row.body, row.event) == ("queued", fixture("github", name), row.event)
     assert row.event in ("issues.opened", "pull_request.opened")
     assert row.action == "opened"
+    # The identity the body names, kept for the worker's claim (worker.fastpath).
+    kind = "gh-pr" if row.event == "pull_request.opened" else "gh-issue"
+    assert row.external_id.startswith(f"{kind}/")
     wait_until(lambda: ingress.published == [row.id])
 
 
@@ -137,6 +140,7 @@ def test_a_jira_create_event_is_stored_queued_and_enqueued(ingress: Ingress, nam
         "jira:issue_created",
         fixture("jira", name),
     )
+    assert row.external_id == f"jira:{json.loads(row.body)['issue']['key']}"
     wait_until(lambda: ingress.published == [row.id])
 
 
@@ -147,6 +151,7 @@ def test_other_github_events_are_stored_as_ignored(ingress: Ingress, name):
     (row,) = ingress.deliveries()
     assert row.status == "ignored"
     assert "does not create tasks" in row.status_reason
+    assert row.external_id is None  # only a delivery for the worker names one
     assert ingress.published == []
 
 

@@ -23,7 +23,7 @@ from models.tasks import CreateHooks, NewTask, SourceLink, create_task
 from tests.conftest import Store
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.integration.worker.test_processing import expire_lease, run
-from worker.fastpath import fast_path
+from worker.fastpath import FastPath, fast_path
 
 RIVAL_SOURCE = SourceLink(provider="jira", url="https://rival.example/TES-41", remote_key="TES-41")
 
@@ -194,3 +194,61 @@ def test_a_connection_lost_mid_delivery_is_retried_and_not_reused(postgres_store
 
     assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created")
     assert [t.identifier for t in tasks_of(store.sessions, feed.workspace_id)] == ["ACME-1"]
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The identities the fast path looked up with a statement of their own."""
+    looked_up: list[str] = []
+    is_held = FastPath.is_held
+
+    def counting(self: FastPath, workspace_id: int, external_id: str) -> bool:
+        looked_up.append(external_id)
+        return is_held(self, workspace_id, external_id)
+
+    monkeypatch.setattr(FastPath, "is_held", counting)
+    return looked_up
+
+
+def test_the_claim_looks_up_the_identity_the_ingress_read(
+    postgres_store: Store, lookups: list[str]
+):
+    store = postgres_store
+    feed = make_feed(store.sessions)
+    first = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    again = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+
+    created, found = run(store, first), run(store, again)
+
+    assert (created.outcome, found.outcome) == ("created", "found_settled")
+    assert lookups == []  # both answered by the claim's own lookup
+    assert delivery(store.sessions, first).external_id == "jira:TES-41"
+
+
+def test_a_row_without_the_identity_is_looked_up_on_its_own(
+    postgres_store: Store, lookups: list[str]
+):
+    store = postgres_store
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud", named=False)
+
+    processed = run(store, pk)
+
+    assert processed.outcome == "created"
+    assert lookups == ["jira:TES-41"]
+
+
+def test_the_workers_own_reading_of_the_body_decides_the_identity(
+    postgres_store: Store, lookups: list[str]
+):
+    store = postgres_store
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    with session_scope(store.sessions) as session:  # as if the ingress had read it otherwise
+        session.execute(update(Delivery).where(Delivery.id == pk).values(external_id="jira:X-1"))
+
+    processed = run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (processed.outcome, task.external_id) == ("created", "jira:TES-41")
+    assert lookups == ["jira:TES-41"]
