@@ -52,10 +52,6 @@ class Runtime:
     relay: Relay
     metrics: IngressMetrics
     _sources: dict[tuple[str, str], tuple[float, VerifyingSource]] = field(default_factory=dict)
-    #: Source loads in flight, by (provider, slug): at most one each.
-    _loading_sources: dict[tuple[str, str], asyncio.Future] = field(
-        default_factory=dict, repr=False
-    )
     _store_limiter: anyio.CapacityLimiter | None = field(default=None, repr=False)
     #: (source id, delivery id) -> fingerprint of the request (the body's
     #: sha256 and the event header), for the last deliveries this process
@@ -120,34 +116,17 @@ class Runtime:
         ``source_cache_seconds``, so a hot webhook costs no extra query; a
         disabled source or a rotated secret takes effect within that time."""
         key = (provider, slug)
+        now = time.monotonic()
         cached = self._sources.get(key)
-        if cached is not None and cached[0] > time.monotonic():
+        if cached is not None and cached[0] > now:
             return cached[1]
-        # One load per source at a time: when the entry expires under load,
-        # the requests in flight wait for the same load rather than each
-        # taking a store thread for a load of its own.
-        loading = self._loading_sources.get(key)
-        if loading is None:
-            loading = asyncio.ensure_future(self._load_and_cache_source(provider, slug))
-            self._loading_sources[key] = loading
-            loading.add_done_callback(lambda done: self._loaded_source(key, done))
-        # Shielded: a client that hangs up must not cancel the others' load.
-        return await asyncio.shield(loading)
-
-    async def _load_and_cache_source(self, provider: str, slug: str) -> VerifyingSource | None:
-        started = time.monotonic()
         source = await self.in_store_thread(self._load_source, provider, slug)
         # Only known sources are cached: random slugs must not grow the cache.
         if source is not None and self.settings.source_cache_seconds > 0:
             if len(self._sources) >= _MAX_CACHED_SOURCES:
                 self._sources.clear()
-            self._sources[(provider, slug)] = (started + self.settings.source_cache_seconds, source)
+            self._sources[key] = (now + self.settings.source_cache_seconds, source)
         return source
-
-    def _loaded_source(self, key: tuple[str, str], done: asyncio.Future) -> None:
-        self._loading_sources.pop(key, None)
-        if not done.cancelled():
-            done.exception()  # retrieved here too, for when every waiter hung up
 
     def record(self, incoming: IncomingDelivery) -> Recorded:
         """Store the delivery once (``models.inbox.record_delivery``) in a
