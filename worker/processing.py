@@ -17,6 +17,11 @@ A delivery's run, in order:
 4. record the outcome and the task on the row, fenced by the attempt number,
    so a worker whose lease was taken over cannot overwrite the newer record.
 
+On PostgreSQL the plain case -- an identity nobody holds, an intake step
+without a WIP limit -- runs steps 1, 3 and 4 as three statements on the fast
+path (``worker.fastpath``), in the same order and with the same answers;
+everything else is handed to ``create_task`` and ``complete_creation`` here.
+
 Safe to run twice at once for the same delivery: the claim lets one run in
 at a time, fencing drops the writes of a run whose lease was taken over, and
 the create is idempotent by external id, so a second run finds the first
