@@ -1,11 +1,11 @@
-"""The common case of a delivery on PostgreSQL, in four statements.
+"""The common case of a delivery on PostgreSQL, in three statements (at most four).
 
 Almost every delivery a worker takes is the plain case: a create event for an
 identity nobody holds yet, in a workspace whose intake step has no WIP limit.
 Through the general path (``models.tasks.create_task`` and ``models.inbox``
 on an ORM session) that case costs about twenty round trips and four commits;
-here it is four statements, each its own transaction on one connection in
-autocommit mode:
+here it is at most four statements, usually three, each its own transaction
+on one connection in autocommit mode:
 
 1. **claim** -- take the lease and read the delivery with its source
    (``models.inbox.claim`` and the worker's load, in one ``UPDATE ... FROM``),
