@@ -51,7 +51,7 @@ from sqlalchemy import Engine
 
 from models.events import EventType
 from models.inbox import DeliveryStatus, Lease
-from models.tables import EXTERNAL_ID_INDEX, utcnow
+from models.tables import EXTERNAL_ID_INDEX, Task, utcnow
 from models.tasks import SourceLink
 
 # The claim alone commits without waiting for its WAL flush (the setting is
@@ -164,17 +164,6 @@ class Work:
         return self.held_at_claim if external_id == self.named_identity else None
 
 
-@dataclass(frozen=True)
-class Inserted:
-    """The task row step 5 committed: unsettled, created by this delivery."""
-
-    id: int
-    identifier: str
-    workspace_id: int
-    external_id: str
-    created_by_delivery: int
-
-
 class Settlement(enum.Enum):
     #: Settled, event appended, delivery done: the create is complete.
     FINISHED = "finished"
@@ -230,8 +219,10 @@ class FastPath:
         title: str,
         description: str | None,
         delivery_pk: int,
-    ) -> Inserted | None:
-        """Step 5, or None when the general path must decide (nothing was written)."""
+    ) -> Task | None:
+        """Step 5: the committed task row, unsettled and named as this delivery's
+        creation (not in any session); None when the general path must decide
+        (nothing was written)."""
         params = {
             "workspace": workspace_id,
             "title": title,
@@ -248,9 +239,16 @@ class FastPath:
             return None  # another create won the race: the general path finds it
         if row is None:
             return None  # no workspace, no intake step, or a WIP limit to admit against
-        return Inserted(row[0], row[1], workspace_id, external_id, delivery_pk)
+        task_id, identifier = row
+        return Task(
+            id=task_id,
+            workspace_id=workspace_id,
+            identifier=identifier,
+            external_id=external_id,
+            created_by_delivery=delivery_pk,
+        )
 
-    def settle_and_finish(self, *, task: Inserted, source: SourceLink, lease: Lease) -> Settlement:
+    def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""
         params = {
             "task": task.id,

@@ -440,31 +440,22 @@ def _create_fast(
         title, description = validated_title_and_description(new)  # 4. validation
     except (InvalidExternalId, InvalidTask):
         return None
-    inserted = fast.insert(  # 5. allocation, admission, insert
+    task = fast.insert(  # 5. allocation, admission, insert
         workspace_id=work.workspace_id,
         external_id=external_id,
         title=title,
         description=description,
         delivery_pk=work.delivery_pk,
     )
-    if inserted is None:
+    if task is None:
         return None
-    task = Task(  # not in the session: what the hooks and a hand-over need to know
-        id=inserted.id,
-        workspace_id=inserted.workspace_id,
-        identifier=inserted.identifier,
-        external_id=inserted.external_id,
-        created_by_delivery=inserted.created_by_delivery,
-    )
     hooks.after_insert(task)
-    settlement = fast.settle_and_finish(task=inserted, source=new.source, lease=lease)  # 6, 7
+    settlement = fast.settle_and_finish(task=task, source=new.source, lease=lease)  # 6, 7
     if settlement is Settlement.TAKEN_OVER:
         return _taken_over(lease)
     if settlement is Settlement.FINISHED:
         failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
-        return Processed(
-            lease.delivery_pk, DeliveryStatus.DONE, outcome="created", task_id=inserted.id
-        )
+        return Processed(lease.delivery_pk, DeliveryStatus.DONE, outcome="created", task_id=task.id)
     # Deleted or released before it settled: the general completion re-reads
     # and tells which, as it does for a crashed attempt's own task.
     return _finish_own_create(session, lease, task, draft, reason=None)
