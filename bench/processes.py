@@ -208,21 +208,28 @@ class Processes:
         app: str,
         env: dict[str, str],
         *,
-        concurrency: int,
         queues: str = "deliveries",
+        wait: bool = True,
     ) -> Process:
+        """One Celery worker process, in the shape taskhook's settings give it
+        (``TASKHOOK_WORKER_POOL``, ``TASKHOOK_WORKER_CONCURRENCY`` in ``env``);
+        ready unless ``wait`` is False (then see :meth:`wait_ready`)."""
         unique = f"{name}-{uuid.uuid4().hex[:6]}"
         args = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues]
-        args += ["-n", f"{unique}@%h", "-l", "INFO", "--pool", "prefork", "-c", str(concurrency)]
+        args += ["-n", f"{unique}@%h", "-l", "INFO"]
         args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         process = self.start(name, args, env)
-
-        def ready() -> bool:
-            process.check_alive()
-            return " ready." in process.log.read_text(errors="replace")
-
-        wait_until(ready, timeout=READY_TIMEOUT, what=f"celery worker {name}", every=0.1)
+        if wait:
+            self.wait_ready(process)
         return process
+
+    @staticmethod
+    def wait_ready(worker: Process) -> None:
+        def ready() -> bool:
+            worker.check_alive()
+            return " ready." in worker.log.read_text(errors="replace")
+
+        wait_until(ready, timeout=READY_TIMEOUT, what=f"celery worker {worker.name}", every=0.05)
 
     def loadgen(self, spec: dict) -> dict:
         """Run the load generator to completion and return its result."""

@@ -190,12 +190,20 @@ class Sampler(threading.Thread):
         self.processes, self.every = processes, every
         self.samples: list[tuple[float, dict[str, int]]] = []
         self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    def watch(self, name: str, process: Process) -> None:
+        """Sample ``process`` too, from now on (the sampler may be running)."""
+        with self._lock:
+            self.processes[name] = process
 
     def run(self) -> None:
         while not self._done.is_set():
             now = time.monotonic()
             sample = {}
-            for name, process in self.processes.items():
+            with self._lock:
+                watched = list(self.processes.items())
+            for name, process in watched:
                 for pid, rss in process.rss().items():
                     label = name if pid == process.pid else f"{name}/child-{pid}"
                     sample[label] = rss
@@ -375,8 +383,8 @@ def _queue_length(client: redis.Redis) -> int:
 
 
 class _Starter:
-    """Starts a Celery worker when called (so a drain can time from its first
-    message), and stops it by pid afterwards."""
+    """Starts ``count`` Celery worker processes when called (so a drain can
+    time from its first message), and stops them by pid afterwards."""
 
     def __init__(
         self,
@@ -384,23 +392,28 @@ class _Starter:
         name: str,
         app: str,
         env: dict[str, str],
-        concurrency: int,
+        count: int,
         sampler: Sampler | None = None,
     ) -> None:
         self.procs, self.name, self.app, self.env = procs, name, app, env
-        self.concurrency, self.sampler = concurrency, sampler
-        self.process: Process | None = None
+        self.count, self.sampler = count, sampler
+        self.started: list[Process] = []
 
     def __call__(self) -> None:
-        self.process = self.procs.celery_worker(
-            self.name, self.app, self.env, concurrency=self.concurrency
-        )
-        if self.sampler is not None:
-            self.sampler.processes[self.name] = self.process
+        # All of them at once: a process that started a second late would
+        # count its start-up against the shorter of the two drains.
+        for index in range(self.count):
+            name = f"{self.name}-{index}"
+            process = self.procs.celery_worker(name, self.app, self.env, wait=False)
+            self.started.append(process)
+            if self.sampler is not None:
+                self.sampler.watch(name, process)
+        for process in self.started:
+            self.procs.wait_ready(process)
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.procs.stop(self.process)
+        for process in self.started:
+            self.procs.stop(process)
 
 
 def _drain(
@@ -434,6 +447,16 @@ def _drain(
     }
 
 
+def _worker_shape() -> dict[str, Any]:
+    """The pool and threads of each worker process: taskhook's defaults, which
+    the workers started here (and the no-op baseline's) run with."""
+    fields = Settings.model_fields
+    return {
+        "pool": fields["worker_pool"].default,
+        "concurrency": fields["worker_concurrency"].default,
+    }
+
+
 def end_to_end(bench: Bench) -> dict[str, Any]:
     sizes, procs = bench.sizes, bench.processes
     n = sizes.e2e_deliveries
@@ -445,17 +468,19 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
         ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
         watcher = psycopg.connect(libpq_url(database), autocommit=True)
 
-        def all_done() -> bool:
-            return taskhook.finished_count(watcher) >= n
-
         def noop_done() -> bool:
             return _queue_length(client) == 0 and client.hlen("unacked") == 0
+
+        def all_done() -> bool:
+            # Counting the inbox costs the database CPU the workers need, so
+            # it waits for the broker to say what it says for the no-ops.
+            return noop_done() and taskhook.finished_count(watcher) >= n
 
         def drain_noops(workers: int) -> dict:
             """The baseline: Celery draining n no-op tasks with taskhook's settings."""
             _flush(redis_url)
             _enqueue_noops(redis_url, n)
-            noop_workers = _Starter(procs, f"noop-c{workers}", "bench.noop", env, workers)
+            noop_workers = _Starter(procs, f"noop-p{workers}", "bench.noop", env, workers)
             noop = _drain(noop_workers, n, redis_url, noop_done)
             noop_workers.stop()
             bench.say(f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s")
@@ -480,7 +505,7 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
             sampler = Sampler({"ingress": ingress_process})
             sampler.start()
             taskhook_workers = _Starter(
-                procs, f"taskhook-c{workers}", "worker", env, workers, sampler=sampler
+                procs, f"taskhook-p{workers}", "worker", env, workers, sampler=sampler
             )
             drained = _drain(taskhook_workers, n, redis_url, all_done)
             sampler.stop()
@@ -556,6 +581,7 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
         )
     result = {
         "deliveries": n,
+        "worker_shape": _worker_shape(),
         "configs": configs,
         "peak_rss_mib": peaks,
         "goals": {
@@ -619,7 +645,7 @@ def storm(bench: Bench) -> dict[str, Any]:
         _flush(redis_url)
         taskhook.reset(database)
         published_before = _relay_published(url)
-        workers = procs.celery_worker("taskhook-c2", "worker", env, concurrency=2)
+        workers = procs.celery_worker("taskhook", "worker", env)
         order = [index for index in range(n) for _ in range(3)]
         random.Random(6).shuffle(order)
         started = time.monotonic()
@@ -852,7 +878,7 @@ def memory(bench: Bench) -> dict[str, Any]:
         taskhook.prepare(database)
         env = taskhook.environment(database, redis_url)
         ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
-        workers = procs.celery_worker("taskhook-c2", "worker", env, concurrency=2)
+        workers = procs.celery_worker("taskhook", "worker", env)
         # A short run (the smoke size drains in a second or two) is sampled
         # more often, so that each half of it has samples to compare.
         every = 0.1 if n < 10_000 else 1.0
@@ -931,7 +957,7 @@ def sqlite(bench: Bench) -> dict[str, Any]:
         database, "filesystem://", TASKHOOK_BROKER_FOLDER=str(folder / "broker")
     )
     _, url = procs.uvicorn("taskhook-sqlite", "ingest.app:app", env)
-    worker = procs.celery_worker("taskhook-sqlite", "worker", env, concurrency=2)
+    worker = procs.celery_worker("taskhook-sqlite", "worker", env)
 
     def done() -> bool:
         with contextlib.closing(sqlite3.connect(folder / "taskhook.db", timeout=10)) as connection:

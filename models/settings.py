@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -65,7 +65,20 @@ class Settings(BaseSettings):
     )
 
     # --- worker ---------------------------------------------------------------------
-    task_time_limit_seconds: int = Field(default=60, gt=0)
+    worker_pool: Literal["threads", "prefork", "solo"] = Field(
+        default="threads",
+        description="Celery's execution pool for the deliveries worker. A delivery mostly "
+        "waits on the database, so threads let one process overlap several.",
+    )
+    worker_concurrency: int = Field(
+        default=4, gt=0, description="Deliveries one worker process runs at once."
+    )
+    task_time_limit_seconds: int = Field(
+        default=60,
+        gt=0,
+        description="Longest a delivery may run. Under prefork Celery enforces it; under "
+        "threads each PostgreSQL statement is cut off at it (statement_timeout).",
+    )
     lease_seconds: int = Field(
         default=90,
         gt=0,

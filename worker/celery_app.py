@@ -4,7 +4,8 @@
 backend and database come from the settings (``TASKHOOK_BROKER_URL``,
 ``TASKHOOK_DATABASE_URL``, ...). Nothing connects at import, and the
 configuration itself is read only when Celery first needs it; each worker
-process builds its engine in ``worker_process_init`` (prefork) or on first use.
+process builds its engine in ``worker_process_init`` (prefork) or on first use
+(threads, the default: one engine, whose pool the threads share).
 
 At least once, and why each knob:
 
@@ -70,9 +71,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # On a lost broker connection, stop late-acked tasks: their messages
         # come back, and a second run is harmless.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # The pool and its size are settings, so the Procfile, the benchmarks
+        # and a user's own command line all start the same worker.
+        "worker_pool": settings.worker_pool,
+        "worker_concurrency": settings.worker_concurrency,
+        # Under prefork the soft limit raises inside the task, which retries it
+        # like a database error, and the hard limit kills what ignores it. The
+        # threads pool enforces neither; there each PostgreSQL statement is cut
+        # off at the limit instead (``worker.runtime``).
         "task_time_limit": time_limit,
-        # The soft limit raises inside the task, which retries it like a
-        # database error; the hard limit kills what ignores it.
         "task_soft_time_limit": time_limit * 0.9,
         "task_routes": TASK_ROUTES,
         "task_default_queue": DELIVERIES_QUEUE,

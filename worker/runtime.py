@@ -2,8 +2,9 @@
 
 Nothing is built at import. A prefork child builds its engine in Celery's
 ``worker_process_init`` (see ``worker.celery_app``), after the fork, so no
-connection is ever shared between processes; a solo worker, beat or a test
-builds it on first use. Tests inject their own with :func:`use`.
+connection is ever shared between processes; a threads or solo worker, beat or
+a test builds it on first use (under threads, once: the lock below). Tests
+inject their own with :func:`use`.
 """
 
 from __future__ import annotations
@@ -37,10 +38,30 @@ def sessions() -> sessionmaker[Session]:
                 # connection the server dropped fails one attempt, which is
                 # retried (the dead connection is invalidated, not reused).
                 _engine = make_engine(
-                    settings().database_url, settings=settings(), pool_pre_ping=False
+                    settings().database_url,
+                    settings=settings(),
+                    pool_pre_ping=False,
+                    # Under threads, each running delivery holds a connection,
+                    # two while it falls back from the fast path to a session.
+                    pool_size=2 * settings().worker_concurrency,
+                    connect_args=_bounded_statements(settings()),
                 )
                 _sessions = make_session_factory(_engine)
     return _sessions
+
+
+def _bounded_statements(settings: Settings) -> dict[str, object]:
+    """PostgreSQL connection options that bound how long one statement can
+    hold a worker: the server cancels it at the task time limit, and the
+    client gives up on a connection whose packets go unanswered as long.
+
+    Celery's time limits are enforced only under prefork; under threads they
+    are these. A statement cut off raises a database error, which retries the
+    delivery like any other; the lease and the attempt fence make a second run
+    harmless. (Ignored for SQLite, whose busy timeout bounds its waits.)
+    """
+    limit_ms = settings.task_time_limit_seconds * 1000
+    return {"options": f"-c statement_timeout={limit_ms}", "tcp_user_timeout": limit_ms}
 
 
 def use(*, sessions: sessionmaker[Session] | None = None, settings: Settings | None = None) -> None:

@@ -183,7 +183,7 @@ class Launcher:
         self,
         name: str,
         *,
-        pool: str = "solo",
+        pool: str | None = None,
         beat: bool = False,
         database_url: str | None = None,
         broker_url: str | None = None,
@@ -192,7 +192,9 @@ class Launcher:
         unique = f"{name}-{uuid.uuid4().hex[:6]}"
         args = [sys.executable, "-m", "celery", "-A", "worker", "worker"]
         args += ["-Q", "deliveries,operator", "-n", f"{unique}@%h", "-l", "INFO"]
-        args += ["--pool", pool] + (["-c", "1"] if pool == "prefork" else [])
+        # No pool named: the shape taskhook ships (threads, TASKHOOK_WORKER_CONCURRENCY).
+        if pool is not None:
+            args += ["--pool", pool] + (["-c", "1"] if pool == "prefork" else [])
         args += ["--without-gossip", "--without-mingle"]
         if beat:
             args += ["-B", "-s", str(self.folder / f"{unique}-beat-schedule")]

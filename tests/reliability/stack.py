@@ -61,8 +61,8 @@ class Stack:
         self,
         name: str,
         *,
-        pool: str = "solo",
-        concurrency: int = 1,
+        pool: str | None = None,
+        concurrency: int | None = None,
         queues: str = "deliveries",
         beat: bool = False,
         wait: bool = True,
@@ -71,8 +71,11 @@ class Stack:
         """``celery -A worker worker`` with its own log; ready when it returns."""
         unique = f"{name}-{uuid.uuid4().hex[:6]}"
         args = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues]
-        args += ["-n", f"{unique}@%h", "-l", "INFO", "--pool", pool]
-        args += ["-c", str(concurrency)] if pool == "prefork" else []
+        args += ["-n", f"{unique}@%h", "-l", "INFO"]
+        # Without a pool or a concurrency, the shape taskhook ships: the threads
+        # pool, TASKHOOK_WORKER_CONCURRENCY threads (models.settings).
+        args += [] if pool is None else ["--pool", pool]
+        args += [] if concurrency is None else ["-c", str(concurrency)]
         args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         if beat:
             args += ["-B", "-s", str(self.folder / f"{unique}-beat-schedule")]

@@ -9,7 +9,8 @@ uvicorn to two workers that SIGKILL themselves at that point on one hit in ten
 
 - a prefork worker (two children): a killed child's message is rejected back
   to the queue and the pool forks a new child;
-- a solo worker: the whole process dies with its message unacknowledged in
+- a worker in the shape taskhook ships (the threads pool, 4 threads): the
+  whole process dies with every message it was running unacknowledged in
   Redis; a supervisor (as systemd would) starts it again.
 
 Beat runs apart, as in the Procfile. Every delivery must end done, every
@@ -84,7 +85,7 @@ def rig(private_redis, shared_database, stack_on):
 
 @dataclass
 class Supervisor:
-    """Starts the solo worker again whenever it dies, as systemd's Restart=always."""
+    """Starts the threads worker again whenever it dies, as systemd's Restart=always."""
 
     stack: Stack
     name: str
@@ -146,8 +147,8 @@ def test_kills_at_a_fail_point_lose_nothing_and_duplicate_nothing(
     kill = {"TASKHOOK_FAILPOINT": f"{point}:kill@{KILL_CHANCE}"}
     logs_before = len(rig.stack.processes)
     pool = rig.stack.worker(f"pool-{point}", pool="prefork", concurrency=2, wait=False, **kill)
-    solo = Supervisor(rig.stack, f"solo-{point}", kill)
-    solo.start()
+    threads = Supervisor(rig.stack, f"threads-{point}", kill)
+    threads.start()
     pool.wait_ready()
     try:
         started = time.monotonic()
@@ -168,15 +169,15 @@ def test_kills_at_a_fail_point_lose_nothing_and_duplicate_nothing(
         )
         elapsed = time.monotonic() - started
     finally:
-        solo.stop()
+        threads.stop()
         for process in rig.stack.processes[logs_before:]:
             process.stop()
-    assert solo.errors == []
+    assert threads.errors == []
 
     text = "\n".join(process.text() for process in rig.stack.processes[logs_before:])
     kills = [kill for kill in kills_in(text) if kill["point"] == point]
     assert kills, f"nothing was killed at {point}: the scenario proved nothing"
-    whole_worker = solo.restarts
+    whole_worker = threads.restarts
 
     # Nothing lost: every delivery done; no duplicate: one task per issue.
     assert tasks_by_external_id(rig.sessions, tenant.workspace_id) == {
@@ -215,7 +216,7 @@ def test_kills_at_a_fail_point_lose_nothing_and_duplicate_nothing(
                 "deliveries": len(pks),
                 "issues": issues,
                 "kills": len(kills),
-                "of_them_whole_solo_worker": whole_worker,
+                "of_them_whole_threads_worker": whole_worker,
                 "deliveries_claimed_more_than_once": retried,
                 "tasks": issues,
                 "duplicates": 0,

@@ -3,11 +3,12 @@ one task.
 
 Redis hands an unacknowledged message to another consumer once its
 visibility timeout has passed (here 4 s; an hour in production, above the
-task time limit). A worker that stalls longer than that -- a solo pool, which
-enforces no time limit, paused at a fail point right after its insert
-committed -- loses its message to the next worker that restores it (a worker
-restores overdue messages when it starts). Beat is not running: the only
-second delivery is Redis's own.
+task time limit). A worker that stalls longer than that -- the threads pool
+(taskhook's default), which enforces no Celery time limit, paused at a fail
+point right after its insert committed -- loses its message: a worker that
+starts restores overdue messages, and the next free thread takes it (the
+rescuer's, or one of the stalled worker's own).
+Beat is not running: the only second delivery is Redis's own.
 
 Both run the same delivery. The second finds the lease of the first run
 expired (3 s), claims a new attempt, finds the unsettled task that this very
@@ -66,17 +67,18 @@ def test_a_message_redelivered_past_its_visibility_timeout_runs_twice_and_makes_
     wait_until(finished(sessions, pk), timeout=30, what="the second run", logs=stack.processes)
     second_done = time.monotonic() - stalled_at
     wait_for_text(slow, "taskhook.process_delivery", timeout=PAUSE + 10)
+    # The first run wakes up and finds its attempt fenced off.
     wait_until(
-        lambda: "succeeded" in slow.text(),
+        lambda: f"delivery {pk}: attempt 1 was taken over" in slow.text(),
         timeout=PAUSE + 10,
         what="the first run to finish",
         logs=[slow],
     )
-    assert f"delivery {pk}: attempt 1 was taken over" in slow.text()
 
-    message_ids = set(RECEIVED.findall(slow.text() + rescuer.text()))
-    ran_in = [w.name for w in (slow, rescuer) if "taskhook.process_delivery[" in w.text()]
-    assert len(message_ids) == 1 and len(ran_in) == 2, "one message, executed by both workers"
+    # Which worker runs it the second time is the broker's choice: the rescuer,
+    # or a free thread of the stalled worker itself.
+    received = RECEIVED.findall(slow.text() + rescuer.text())
+    assert len(set(received)) == 1 and len(received) == 2, "one message, executed twice"
 
     with sessions() as session:
         tasks = session.scalars(select(Task).where(Task.workspace_id == tenant.workspace_id)).all()
