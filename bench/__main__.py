@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.suites import BENCHMARKS, Bench
+from bench.suites import BENCHMARKS, Bench, parse_overrides
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The processes' logs: under var/ (not committed), one folder per benchmark.
@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, default=RESULTS, help="where <name>.json and <name>.png go"
     )
     options = parser.parse_args(argv)
+    try:
+        parse_overrides(options.set)
+    except ValueError as error:
+        parser.error(str(error))
     # Stop what was started (by pid) on Ctrl-C or a plain kill, even when the
     # shell that started us in the background set SIGINT to be ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -97,6 +97,26 @@ FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creat
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
 
 
+def parse_overrides(assignments: list[str]) -> dict[str, Any]:
+    """``FIELD=N`` strings to typed :class:`Sizes` changes; ValueError names the bad one."""
+    changes: dict[str, Any] = {}
+    for assignment in assignments:
+        field, equals, value = assignment.partition("=")
+        if not equals or field not in Sizes.__dataclass_fields__:
+            known = ", ".join(Sizes.__dataclass_fields__)
+            raise ValueError(f"--set {assignment!r}: expected FIELD=N, FIELD one of {known}")
+        current = getattr(DEFAULT, field)
+        try:
+            if isinstance(current, tuple):
+                changes[field] = tuple(int(part) for part in value.split(","))
+            else:
+                changes[field] = type(current)(value)
+        except ValueError:
+            example = "a number list such as 1,2" if isinstance(current, tuple) else "a number"
+            raise ValueError(f"--set {assignment!r}: {field} takes {example}") from None
+    return changes
+
+
 class Bench:
     """One benchmark's run: its sizes, its results folder, the processes it started."""
 
@@ -118,14 +138,7 @@ class Bench:
 
     def override(self, assignments: list[str]) -> None:
         """Apply ``FIELD=N`` overrides to the sizes (tuples as ``a,b,c``)."""
-        changes: dict[str, Any] = {}
-        for assignment in assignments:
-            field, _, value = assignment.partition("=")
-            current = getattr(self.sizes, field)
-            if isinstance(current, tuple):
-                changes[field] = tuple(int(part) for part in value.split(","))
-            else:
-                changes[field] = type(current)(value)
+        changes = parse_overrides(assignments)
         if changes:
             self.sizes = replace(self.sizes, **changes)
             self.size = f"{self.size} ({', '.join(assignments)})"
