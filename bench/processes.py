@@ -111,6 +111,20 @@ class Process:
             self.peak_rss[pid] = max(self.peak_rss.get(pid, 0), size)
         return sizes
 
+    def cpu_seconds(self) -> float:
+        """User and system CPU of this process and its live children, so far."""
+        try:
+            parent = psutil.Process(self.pid)
+            members = [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        total = 0.0
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = member.cpu_times()
+                total += times.user + times.system
+        return total
+
     def stop(self) -> None:
         """SIGTERM by pid, then SIGKILL to its own group if it does not go in time."""
         if self.alive():
@@ -255,6 +269,16 @@ class Processes:
         if popen.returncode != 0:
             raise BenchError(f"the load generator failed:\n{log.read_text()[-3000:]}")
         return json.loads(out)
+
+
+def server_cpu_seconds(name: str) -> float:
+    """User and system CPU so far of every process called ``name`` (``postgres``,
+    ``redis-server``): the servers are shared, so this is all of their work."""
+    total = 0.0
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        if process.info["name"] == name and process.info["cpu_times"] is not None:
+            total += process.info["cpu_times"].user + process.info["cpu_times"].system
+    return total
 
 
 @contextlib.contextmanager

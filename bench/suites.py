@@ -29,6 +29,7 @@ from bench.processes import (
     Process,
     Processes,
     libpq_url,
+    server_cpu_seconds,
     throwaway_database,
     wait_until,
 )
@@ -424,15 +425,26 @@ class _Starter:
         for process in self.started:
             self.procs.wait_ready(process)
 
+    def cpu_seconds(self) -> float:
+        return sum(process.cpu_seconds() for process in self.started)
+
     def stop(self) -> None:
         for process in self.started:
             self.procs.stop(process)
 
 
-def _drain(
-    start_workers: Callable[[], object], queued: int, redis_url: str, done: Callable[[], bool]
-) -> dict:
-    """Start the workers on a full queue; time from the first message taken to ``done``."""
+def _cpu_now(workers: _Starter) -> dict[str, float]:
+    return {
+        "workers": workers.cpu_seconds(),
+        "postgres": server_cpu_seconds("postgres"),
+        "redis": server_cpu_seconds("redis-server"),
+    }
+
+
+def _drain(workers: _Starter, queued: int, redis_url: str, done: Callable[[], bool]) -> dict:
+    """Start the workers on a full queue; time from the first message taken to
+    ``done``, and count the CPU each side spent per message meanwhile (from the
+    workers' ready, so their start-up is not counted)."""
     client = redis.Redis.from_url(redis_url)
     first_taken: list[float] = []
 
@@ -445,9 +457,11 @@ def _drain(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    start_workers()
+    workers()
+    cpu_before = _cpu_now(workers)
     wait_until(done, timeout=1800, what="the queue to drain", every=0.05)
     finished = time.monotonic()
+    cpu_after = _cpu_now(workers)
     watcher.join(5)
     client.close()
     if not first_taken:
@@ -457,6 +471,10 @@ def _drain(
         "messages": queued,
         "elapsed_s": round(elapsed, 3),
         "rate_per_s": round(queued / elapsed, 1),
+        "cpu_ms_per_message": {
+            side: round(1000 * (cpu_after[side] - cpu_before[side]) / queued, 3)
+            for side in cpu_before
+        },
     }
 
 
@@ -496,7 +514,10 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
             noop_workers = _Starter(procs, f"noop-p{workers}", "bench.noop", env, workers)
             noop = _drain(noop_workers, n, redis_url, noop_done)
             noop_workers.stop()
-            bench.say(f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s")
+            bench.say(
+                f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s;"
+                f" CPU ms per message {noop['cpu_ms_per_message']}"
+            )
             return noop
 
         def drain_deliveries(workers: int) -> dict:
@@ -526,6 +547,7 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
             taskhook_workers.stop()
             bench.say(
                 f"  taskhook drain, {workers} process(es): {drained['rate_per_s']}/s;"
+                f" CPU ms per message {drained['cpu_ms_per_message']};"
                 f" ingress {posted['throughput_rps']}/s"
             )
             return {
@@ -576,6 +598,16 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
                 },
                 "taskhook_drain": {
                     "rate_per_s": report.median([r["taskhook_drain"]["rate_per_s"] for r in rounds])
+                },
+                "cpu_ms_per_message": {
+                    side: {
+                        part: round(
+                            statistics.median(r[key]["cpu_ms_per_message"][part] for r in rounds),
+                            3,
+                        )
+                        for part in ("workers", "postgres", "redis")
+                    }
+                    for side, key in (("noop", "noop_drain"), ("taskhook", "taskhook_drain"))
                 },
                 "ratio_vs_noop": median,
                 "ratios_per_round": [r["ratio"] for r in rounds],
