@@ -9,7 +9,8 @@ delivery's create loses nothing and duplicates nothing. They set
     TASKHOOK_FAILPOINT=after_insert:pause=1,before_ack:kill
     TASKHOOK_FAILPOINT=after_settle:kill@0.1         # ... on one hit in ten, at random
 
-Kill with ``--pool solo`` to lose the whole worker. Under prefork only the
+Under the threads pool (the default) or ``--pool solo`` a kill loses the
+whole worker, with every delivery it was running. Under prefork only the
 pool child dies and its message is rejected back to the queue
 (``task_reject_on_worker_lost``): with a plain ``kill`` the next child dies at
 the same point, over and over, so prefork tests kill with a probability
