@@ -96,15 +96,18 @@ class Process:
         if not self.alive():
             raise BenchError(f"{self.name} exited early\n{self.tail()}")
 
-    def rss(self) -> dict[int, int]:
-        """RSS in bytes of this process and its children (a prefork pool), by pid."""
+    def _members(self) -> list[psutil.Process]:
+        """This process and its live children (a prefork pool); none once it is gone."""
         try:
             parent = psutil.Process(self.pid)
-            members = [parent, *parent.children(recursive=True)]
+            return [parent, *parent.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return {}
+            return []
+
+    def rss(self) -> dict[int, int]:
+        """RSS in bytes of this process and its children, by pid."""
         sizes = {}
-        for member in members:
+        for member in self._members():
             with contextlib.suppress(psutil.NoSuchProcess):
                 sizes[member.pid] = member.memory_info().rss
         for pid, size in sizes.items():
@@ -113,13 +116,8 @@ class Process:
 
     def cpu_seconds(self) -> float:
         """User and system CPU of this process and its live children, so far."""
-        try:
-            parent = psutil.Process(self.pid)
-            members = [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return 0.0
         total = 0.0
-        for member in members:
+        for member in self._members():
             with contextlib.suppress(psutil.NoSuchProcess):
                 times = member.cpu_times()
                 total += times.user + times.system

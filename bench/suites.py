@@ -504,7 +504,7 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
 
         def all_done() -> bool:
             # Counting the inbox costs the database CPU the workers need, so
-            # it waits for the broker to say what it says for the no-ops.
+            # it is counted only once the broker is empty (the no-ops' test).
             return noop_done() and taskhook.finished_count(watcher) >= n
 
         def drain_noops(workers: int) -> dict:
