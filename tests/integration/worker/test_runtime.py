@@ -30,7 +30,7 @@ def worker_runtime(url: str) -> Iterator[Settings]:
 
 
 @pytest.mark.postgres
-def test_a_statement_that_outlasts_the_task_time_limit_is_cancelled_and_retried(
+def test_a_statement_that_outlasts_the_task_time_limit_is_cancelled_as_a_retryable_error(
     postgres_url: str,
 ):
     with worker_runtime(postgres_url), runtime.sessions()() as session:
