@@ -1,4 +1,4 @@
-"""The provider adapters by provider name.
+"""The provider adapters by provider name, and what the ingress reads from a body.
 
 Each adapter module (``ingest.github``, ``ingest.jira``) offers the same
 functions -- ``verify_signature``, ``delivery_id``, ``decode_body``,
@@ -8,28 +8,59 @@ source's provider and call it the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from ingest import github, jira
-from ingest.drafts import UnsupportedPayload
+from ingest.drafts import UnsupportedPayload, is_storable
+from models.errors import InvalidTask
 from models.external_id import InvalidExternalId, normalize_external_id
+from models.tasks import NewTask, SourceLink, validated_title_and_description
 
 ADAPTERS: dict[str, ModuleType] = {github.PROVIDER: github, jira.PROVIDER: jira}
 
 
-def named_identity(
-    adapter: ModuleType, event: str, payload: dict[str, Any], site_url: str | None
-) -> str | None:
-    """The normalized external id a delivery names, read as the worker reads
-    it; None when it names none the worker could use.
+@dataclass(frozen=True)
+class Reading:
+    """What the ingress keeps on the inbox row about the task a body describes."""
 
-    The ingress keeps it on the inbox row so that a worker can look the
-    identity up in the statement that claims the delivery. The worker still
-    parses the body itself and decides what the delivery becomes.
+    #: The normalized external id the body names; None when it names none
+    #: the worker could use.
+    external_id: str | None = None
+    #: The task the body describes, validated as the task store validates a
+    #: create (the external id normalized, the title stripped); None unless
+    #: the worker could create it as it stands.
+    task: NewTask | None = None
+
+
+NOTHING_READ = Reading()
+
+
+def read_delivery(
+    adapter: ModuleType, event: str, payload: dict[str, Any], site_url: str | None
+) -> Reading:
+    """The identity and the draft a delivery describes, read as the worker reads them.
+
+    The ingress parses the body anyway; keeping what it read lets the
+    PostgreSQL worker create the task without fetching or parsing the body
+    again (worker.fastpath). Whatever it cannot keep as it stands -- no
+    identity, an invalid title, text no database stores -- it leaves out,
+    and the worker reads the body itself and says what is wrong with it.
     """
     try:
         draft = adapter.to_draft(event, payload, site=site_url)
-        return normalize_external_id(draft.external_id)
+        external_id = normalize_external_id(draft.external_id)
     except (UnsupportedPayload, InvalidExternalId):
-        return None
+        return NOTHING_READ
+    if external_id is None:
+        return NOTHING_READ
+    try:
+        title, description = validated_title_and_description(draft.new_task())
+    except InvalidTask:
+        return Reading(external_id)
+    if not (is_storable(draft.url) and is_storable(draft.remote_key)):
+        return Reading(external_id)
+    source = SourceLink(provider=draft.provider, url=draft.url, remote_key=draft.remote_key)
+    task = NewTask(title=title, description=description, external_id=external_id, source=source)
+    return Reading(external_id, task)

@@ -212,6 +212,11 @@ def draft_description(raw: str | None) -> str | None:
     return storable_text(raw)
 
 
+def is_storable(text: str) -> bool:
+    """True when every database can store ``text`` as it is (no NUL, no lone surrogate)."""
+    return _UNSTORABLE.search(text) is None
+
+
 def storable_text(raw: str) -> str:
     """``raw`` with what no database can store replaced by U+FFFD.
 

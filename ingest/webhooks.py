@@ -32,7 +32,7 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ingest.adapters import ADAPTERS, named_identity
+from ingest.adapters import ADAPTERS, NOTHING_READ, read_delivery
 from ingest.drafts import UnsupportedContentType, UnsupportedPayload
 from ingest.runtime import Runtime, StoreUnavailable
 from ingest.schemas import ErrorBody
@@ -183,10 +183,10 @@ async def _take(
 
     if event in source.create_events:
         status, reason = DeliveryStatus.QUEUED, None
-        identity = named_identity(adapter, event, payload, source.site_url)
+        reading = read_delivery(adapter, event, payload, source.site_url)
     else:
         status, reason = DeliveryStatus.IGNORED, f"{event} does not create tasks for this source"
-        identity = None
+        reading = NOTHING_READ
     action = payload.get("action") if provider == "github" else None
     incoming = IncomingDelivery(
         source_id=source.id,
@@ -201,7 +201,8 @@ async def _take(
         hook_id=hook_id if _storable(hook_id := headers.get("x-github-hook-id"), 64) else None,
         status=status,
         status_reason=reason,
-        external_id=identity,
+        external_id=reading.external_id,
+        task=reading.task,
     )
     recorded = await runtime.record_delivery(incoming)
     if not recorded.payload_mismatch:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from models.errors import TaskStoreError
 from models.tables import Delivery, utcnow
+from models.tasks import NewTask
 
 
 class DeliveryStatus(enum.StrEnum):
@@ -76,6 +77,9 @@ class IncomingDelivery:
     body_sha256: str = ""
     #: The normalized external id the body names, if the ingress read one.
     external_id: str | None = None
+    #: The task the body describes, validated, if the ingress read one the
+    #: worker can create as it stands (``ingest.adapters.read_delivery``).
+    task: NewTask | None = None
 
     def __post_init__(self) -> None:
         if not self.body_sha256:
@@ -134,6 +138,18 @@ def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
         "attempts": 0,
         "payload_mismatches": 0,
         "external_id": incoming.external_id,
+        **_draft_columns(incoming.task),
+    }
+
+
+def _draft_columns(task: NewTask | None) -> dict[str, str | None]:
+    if task is None or task.source is None:
+        return dict.fromkeys(DRAFT_COLUMNS)
+    return {
+        "draft_title": task.title,
+        "draft_description": task.description,
+        "draft_url": task.source.url,
+        "draft_remote_key": task.source.remote_key,
     }
 
 
@@ -150,6 +166,9 @@ def stored_duplicate(
         payload_mismatch=body_sha256 != incoming.body_sha256,
     )
 
+
+#: The task the body describes, as the ingress read it (see Delivery).
+DRAFT_COLUMNS = ("draft_title", "draft_description", "draft_url", "draft_remote_key")
 
 _INSERTED_COLUMNS = (
     "source_id",
@@ -168,6 +187,7 @@ _INSERTED_COLUMNS = (
     "attempts",
     "payload_mismatches",
     "external_id",
+    *DRAFT_COLUMNS,
 )
 
 
@@ -390,6 +410,10 @@ def replay(*, session: Session, delivery_pk: int) -> Delivery:
         )
     delivery.status = DeliveryStatus.QUEUED.value
     delivery.status_reason = "replayed by an operator"
+    # A replay reads the body afresh, with the adapters as they are now: an
+    # operator replays after a fix, and the fix must apply.
+    for column in DRAFT_COLUMNS:
+        setattr(delivery, column, None)
     delivery.lease_expires_at = None
     delivery.updated_at = utcnow()
     session.flush()

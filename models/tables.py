@@ -253,9 +253,18 @@ class Delivery(Base):
     #: Redeliveries under this id whose body differed from the stored one.
     payload_mismatches: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     #: The normalized external id the body names, as the ingress read it (NULL:
-    #: none, or stored before it was kept). The worker parses the body itself;
-    #: this lets it look the identity up while it claims (worker.fastpath).
+    #: none, or stored before it was kept).
     external_id: Mapped[str | None] = mapped_column(ExternalIdText)
+    #: The task the body describes, as the ingress read and validated it: the
+    #: PostgreSQL worker creates the task from these without reading the body
+    #: (worker.fastpath). NULL when the body describes no valid task, for rows
+    #: stored before they were kept, and after a replay: then the worker reads
+    #: the body itself and says what is wrong with it. Text without limits, so
+    #: that keeping them can never fail the ingress's INSERT.
+    draft_title: Mapped[str | None] = mapped_column(Text)
+    draft_description: Mapped[str | None] = mapped_column(Text)
+    draft_url: Mapped[str | None] = mapped_column(Text)
+    draft_remote_key: Mapped[str | None] = mapped_column(Text)
 
 
 class ApiToken(Base):

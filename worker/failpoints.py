@@ -39,7 +39,9 @@ ENVIRONMENT_VARIABLE = "TASKHOOK_FAILPOINT"
 
 #: The lookup by external id missed; nothing is written yet (``CreateHooks.after_lookup``).
 #: A pause here widens the race between the lookup and the insert, so that a
-#: concurrent create takes the insert's unique-index backstop.
+#: concurrent create takes the insert's unique-index backstop. PostgreSQL's
+#: fast path looks up and inserts in one statement, with no point between
+#: them: a worker with this fail point armed takes the general path.
 AFTER_LOOKUP = "after_lookup"
 #: The task row's insert has committed; the create has not settled (``CreateHooks.after_insert``).
 AFTER_INSERT = "after_insert"
@@ -156,6 +158,11 @@ def failpoint(name: str, *, delivery: int | None = None) -> None:
         action = _ACTIONS.get(name)
         if action is not None:
             action(delivery)
+
+
+def armed(name: str) -> bool:
+    """True when an action is configured for ``name``."""
+    return name in _ACTIONS
 
 
 def configure(spec: str | None) -> None:

@@ -1,38 +1,45 @@
-"""The common case of a delivery on PostgreSQL, in three statements (at most four).
+"""The common case of a delivery on PostgreSQL, in two statements.
 
 Almost every delivery a worker takes is the plain case: a create event for an
-identity nobody holds yet, in a workspace whose intake step has no WIP limit.
-Through the general path (``models.tasks.create_task`` and ``models.inbox``
-on an ORM session) that case costs about twenty round trips and four commits;
-here it is at most four statements, usually three, each its own transaction
-on one connection in autocommit mode:
+identity nobody holds yet, in a workspace whose intake step has no WIP limit,
+stored with the task its body describes (``deliveries.draft_*``, which the
+ingress reads and validates anyway). Through the general path
+(``models.tasks.create_task`` and ``models.inbox`` on an ORM session) that
+case costs about twenty round trips and four commits; here it is two
+statements, each its own transaction, on one connection in autocommit mode:
 
-1. **claim** -- take the lease and read the delivery with its source
-   (``models.inbox.claim`` and the worker's load, in one ``UPDATE ... FROM``),
-   committed without waiting for the WAL flush (see ``_CLAIM``);
-2. **lookup** -- step 3 of seed 000's create sequence, before any write to
-   the task store. The claim does it too, for the identity the ingress read
-   from the body (``deliveries.external_id``); when the worker's own reading
-   of the body names that identity, the claim's answer is the lookup and this
-   statement is not sent;
-3. **insert** -- step 5: identifier allocation, WIP admission and the task
-   row in one statement, so the workspace's sequence row is locked only for
-   the length of that statement;
-4. **settle and finish** -- steps 6 and 7 (the source link, then the
+1. **claim and insert** -- take the lease (``models.inbox.claim``), then
+   seed 000's create sequence up to its insert: step 3's lookup before any
+   write to the task store, step 4's validation (done by the ingress when it
+   kept the draft), step 5's identifier allocation, WIP admission and task
+   row. The workspace's sequence row is locked only for this statement;
+2. **settle and finish** -- steps 6 and 7 (the source link, then the
    conditional settlement UPDATE with ``external_id`` in its predicate), the
    ``task.created`` event, and the delivery's ``done`` record fenced by the
    lease's attempt, all committing together or not at all.
+
+The task row commits unsettled before the settlement, as seed 000's state
+machine has it, and the fail points ``after_insert`` and ``before_settle``
+fall between the two statements, so the crash tests kill this path. Nothing
+can run between the lookup and the insert: a test hook or the
+``after_lookup`` fail point that must run there sends the create down the
+general path (``worker.processing``).
 
 The order and meaning of the steps are the general path's; only the number
 of round trips differs. Whatever is not the plain case goes back to the
 general path, at a point where that path's answer is the right one:
 
-- before the insert (a task holds the identity, the intake step has a WIP
-  limit or is missing, the workspace is gone, the title is invalid, another
-  create won the unique index): nothing was written, so ``create_task`` runs
-  the whole sequence from its lookup and gives the outcome;
-- after the insert, when the settlement did not happen (the task was deleted
-  or its identity released meanwhile): the task is this delivery's own, so
+- the first statement claimed but inserted nothing (a task holds the
+  identity, the intake step has a WIP limit or is missing, the workspace is
+  gone, the event no longer creates tasks, the row has no draft): only the
+  lease was written, so ``create_task`` runs the whole sequence from its
+  lookup and gives the outcome;
+- another create won the unique index between the lookup and the insert:
+  the statement rolled back whole, claim included (:class:`LostTheRace`), so
+  the general path claims and its lookup finds the winner -- seed 000's
+  step-5 backstop;
+- the settlement did not happen (the task was deleted or its identity
+  released meanwhile): the task is this delivery's own, so
   ``complete_creation`` finishes it and re-reads, as for a crashed attempt.
 
 SQLite runs the general path only: there a commit costs no network round trip.
@@ -54,54 +61,56 @@ from models.inbox import DeliveryStatus, Lease
 from models.tables import EXTERNAL_ID_INDEX, Task, utcnow
 from models.tasks import SourceLink
 
-# The claim alone commits without waiting for its WAL flush (the setting is
-# local to its transaction). A claim a server crash loses is a lease nobody
-# holds: the row is claimable again and the sweeper sends it. It cannot be
-# lost while anything it fences survives, because the next statement's commit
-# (the insert, the settlement) flushes the WAL up to and including it.
-_CLAIM = """
-WITH no_flush_wait AS (SELECT set_config('synchronous_commit', 'off', true))
-UPDATE deliveries AS d
-   SET status = 'processing',
-       attempts = d.attempts + 1,
-       lease_expires_at = %(now)s + make_interval(secs => %(lease_seconds)s),
-       updated_at = %(now)s
-  FROM webhook_sources AS s, no_flush_wait
- WHERE d.id = %(delivery)s
-   AND s.id = d.source_id
-   AND (d.status = 'queued' OR (d.status = 'processing' AND d.lease_expires_at <= %(now)s))
-RETURNING d.attempts, d.event, d.body, d.content_type,
-          s.slug, s.provider, s.workspace_id, s.create_events, s.site_url,
-          d.external_id,
-          CASE WHEN d.external_id IS NOT NULL THEN EXISTS (
-              SELECT FROM tasks AS t
-               WHERE t.workspace_id = s.workspace_id AND t.external_id = d.external_id
-          ) END
-"""
-
-_LOOKUP = "SELECT 1 FROM tasks WHERE workspace_id = %(workspace)s AND external_id = %(external_id)s"
-
-# The sequence UPDATE matches only when the intake step exists and has no WIP
-# limit: counting a step's tasks needs the workspace lock held *before* the
-# count's snapshot, which one statement cannot give, so a limited step goes
-# to the general path and no sequence number is spent here. A unique
-# violation rolls the whole statement back, sequence number included.
-_INSERT = """
-WITH intake AS (
-    SELECT id, wip_limit FROM workflow_steps
-     WHERE workspace_id = %(workspace)s
-     ORDER BY position LIMIT 1
+# One statement, one snapshot: ``plain`` is the claimed row when it is the
+# plain case, and its NOT EXISTS is step 3's lookup. The sequence UPDATE
+# matches only when the intake step exists and has no WIP limit: counting a
+# step's tasks needs the workspace lock held *before* the count's snapshot,
+# which one statement cannot give, so a limited step goes to the general path
+# and no sequence number is spent here. A unique violation (a rival's insert
+# after our snapshot) rolls the whole statement back: claim, sequence number
+# and all.
+_CLAIM_AND_INSERT = f"""
+WITH claimed AS (
+    UPDATE deliveries AS d
+       SET status = '{DeliveryStatus.PROCESSING.value}',
+           attempts = d.attempts + 1,
+           lease_expires_at = %(now)s + make_interval(secs => %(lease_seconds)s),
+           updated_at = %(now)s
+      FROM webhook_sources AS s
+     WHERE d.id = %(delivery)s
+       AND s.id = d.source_id
+       AND (d.status = '{DeliveryStatus.QUEUED.value}'
+            OR (d.status = '{DeliveryStatus.PROCESSING.value}' AND d.lease_expires_at <= %(now)s))
+    RETURNING d.attempts, d.event, d.external_id, d.draft_title, d.draft_description,
+              d.draft_url, d.draft_remote_key, s.provider, s.workspace_id, s.create_events
+), plain AS (
+    SELECT * FROM claimed AS c
+     WHERE c.draft_title IS NOT NULL AND c.external_id IS NOT NULL
+       AND c.create_events::jsonb ? c.event
+       AND NOT EXISTS (
+           SELECT FROM tasks AS t
+            WHERE t.workspace_id = c.workspace_id AND t.external_id = c.external_id
+       )
+), intake AS (
+    SELECT step.id, step.wip_limit FROM workflow_steps AS step, plain
+     WHERE step.workspace_id = plain.workspace_id
+     ORDER BY step.position LIMIT 1
 ), number AS (
-    UPDATE workspaces SET task_sequence = task_sequence + 1
-     WHERE id = %(workspace)s AND EXISTS (SELECT FROM intake WHERE wip_limit IS NULL)
-    RETURNING task_prefix || '-' || task_sequence AS identifier
+    UPDATE workspaces AS w SET task_sequence = w.task_sequence + 1
+      FROM plain
+     WHERE w.id = plain.workspace_id AND EXISTS (SELECT FROM intake WHERE wip_limit IS NULL)
+    RETURNING w.task_prefix || '-' || w.task_sequence AS identifier
+), inserted AS (
+    INSERT INTO tasks (workspace_id, identifier, title, description, step_id, external_id,
+                       created_by_delivery, created_at, updated_at)
+    SELECT plain.workspace_id, number.identifier, plain.draft_title, plain.draft_description,
+           intake.id, plain.external_id, %(delivery)s, %(now)s, %(now)s
+      FROM plain, number, intake
+    RETURNING id, identifier
 )
-INSERT INTO tasks (workspace_id, identifier, title, description, step_id, external_id,
-                   created_by_delivery, created_at, updated_at)
-SELECT %(workspace)s, number.identifier, %(title)s, %(description)s, intake.id, %(external_id)s,
-       %(delivery)s, %(now)s, %(now)s
-  FROM number, intake
-RETURNING id, identifier
+SELECT c.attempts, i.id, i.identifier, c.workspace_id, c.external_id,
+       c.provider, c.draft_url, c.draft_remote_key
+  FROM claimed AS c LEFT JOIN inserted AS i ON true
 """
 
 # Each part runs only when the settlement matched one row: the event exists
@@ -140,28 +149,22 @@ SELECT EXISTS (SELECT FROM settled), EXISTS (SELECT FROM finished)
 """
 
 
+class LostTheRace(Exception):
+    """Another create won the unique index between the lookup and the insert.
+    Nothing was written, not even the claim: the general path's lookup finds
+    the winner."""
+
+
 @dataclass(frozen=True)
-class Work:
-    """A claimed delivery and its source, as plain values: the task store rolls
-    its session back on some paths, which would expire ORM instances."""
+class Claimed:
+    """A committed lease and, in the plain case, the task inserted with it."""
 
-    delivery_pk: int
-    event: str
-    body: bytes
-    content_type: str | None
-    source_slug: str
-    provider: str
-    workspace_id: int
-    create_events: frozenset[str]
-    site_url: str | None
-    #: The identity the ingress read from the body, and whether a task in the
-    #: workspace held it when the claim committed (None: not looked up).
-    named_identity: str | None = None
-    held_at_claim: bool | None = None
-
-    def held(self, external_id: str) -> bool | None:
-        """The claim's lookup of ``external_id``, if it looked that identity up."""
-        return self.held_at_claim if external_id == self.named_identity else None
+    lease: Lease
+    #: The committed, unsettled task row (not in any session) and the source
+    #: link its settlement writes; None: not the plain case, only the lease
+    #: was written.
+    task: Task | None = None
+    source: SourceLink | None = None
 
 
 class Settlement(enum.Enum):
@@ -174,79 +177,38 @@ class Settlement(enum.Enum):
 
 
 class FastPath:
-    """The four statements on one psycopg connection in autocommit mode."""
+    """The two statements on one psycopg connection in autocommit mode."""
 
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
 
-    def claim(self, delivery_pk: int, *, lease_seconds: float) -> tuple[Lease, Work] | None:
-        """Take the lease (a new attempt), or None when finished or held by another."""
-        # Binary results: the body arrives as its bytes, not as hex text twice its size.
-        row = self.connection.execute(
-            _CLAIM,
-            {"delivery": delivery_pk, "now": utcnow(), "lease_seconds": lease_seconds},
-            binary=True,
-        ).fetchone()
-        if row is None:
-            return None
-        attempt, event, body, content_type, slug, provider, workspace, events, site = row[:9]
-        named_identity, held = row[9:]
-        work = Work(
-            delivery_pk=delivery_pk,
-            event=event,
-            body=bytes(body),
-            content_type=content_type,
-            source_slug=slug,
-            provider=provider,
-            workspace_id=workspace,
-            create_events=frozenset(events),
-            site_url=site,
-            named_identity=named_identity,
-            held_at_claim=held,
-        )
-        return Lease(delivery_pk, attempt), work
+    def claim_and_insert(self, delivery_pk: int, *, lease_seconds: float) -> Claimed | None:
+        """Take the lease (a new attempt) and, in the plain case, insert the task;
+        None when the delivery is finished or another worker holds it.
 
-    def is_held(self, workspace_id: int, external_id: str) -> bool:
-        """Step 3: does a task in the workspace hold the identity (settled or not)?"""
-        params = {"workspace": workspace_id, "external_id": external_id}
-        return self.connection.execute(_LOOKUP, params).fetchone() is not None
-
-    def insert(
-        self,
-        *,
-        workspace_id: int,
-        external_id: str,
-        title: str,
-        description: str | None,
-        delivery_pk: int,
-    ) -> Task | None:
-        """Step 5: the committed task row, unsettled and named as this delivery's
-        creation (not in any session); None when the general path must decide
-        (nothing was written)."""
-        params = {
-            "workspace": workspace_id,
-            "title": title,
-            "description": description,
-            "external_id": external_id,
-            "delivery": delivery_pk,
-            "now": utcnow(),
-        }
+        Raises :class:`LostTheRace` when a rival create won the unique index.
+        """
+        params = {"delivery": delivery_pk, "now": utcnow(), "lease_seconds": lease_seconds}
         try:
-            row = self.connection.execute(_INSERT, params).fetchone()
+            row = self.connection.execute(_CLAIM_AND_INSERT, params).fetchone()
         except errors.UniqueViolation as error:
             if error.diag.constraint_name != EXTERNAL_ID_INDEX:
                 raise
-            return None  # another create won the race: the general path finds it
+            raise LostTheRace() from error
         if row is None:
-            return None  # no workspace, no intake step, or a WIP limit to admit against
-        task_id, identifier = row
-        return Task(
+            return None
+        attempt, task_id, identifier, workspace_id, external_id, provider, url, remote_key = row
+        lease = Lease(delivery_pk, attempt)
+        if task_id is None:
+            return Claimed(lease)
+        task = Task(
             id=task_id,
             workspace_id=workspace_id,
             identifier=identifier,
             external_id=external_id,
             created_by_delivery=delivery_pk,
         )
+        return Claimed(lease, task, SourceLink(provider=provider, url=url, remote_key=remote_key))
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""

@@ -18,9 +18,10 @@ A delivery's run, in order:
    so a worker whose lease was taken over cannot overwrite the newer record.
 
 On PostgreSQL the plain case -- an identity nobody holds, an intake step
-without a WIP limit -- runs steps 1, 3 and 4 as three statements on the fast
-path (``worker.fastpath``), in the same order and with the same answers;
-everything else is handed to ``create_task`` and ``complete_creation`` here.
+without a WIP limit, a row with the draft the ingress read -- runs steps 1, 3
+and 4 as two statements on the fast path (``worker.fastpath``), without
+reading the body, in the same order and with the same answers; everything
+else is handed to ``create_task`` and ``complete_creation`` here.
 
 Safe to run twice at once for the same delivery: the claim lets one run in
 at a time, fencing drops the writes of a run whose lease was taken over, and
@@ -83,15 +84,22 @@ from models.inbox import DeliveryStatus, Lease, claim, defer, finish
 from models.settings import Settings
 from models.tables import Delivery, Task, WebhookSource, utcnow
 from models.tasks import (
+    NO_HOOKS,
     CreateHooks,
     CreateOutcome,
-    NewTask,
+    SourceLink,
     complete_creation,
     create_task,
-    validated_title_and_description,
 )
-from worker.failpoints import AFTER_INSERT, AFTER_LOOKUP, AFTER_SETTLE, BEFORE_SETTLE, failpoint
-from worker.fastpath import FastPath, Settlement, Work, fast_path
+from worker.failpoints import (
+    AFTER_INSERT,
+    AFTER_LOOKUP,
+    AFTER_SETTLE,
+    BEFORE_SETTLE,
+    armed,
+    failpoint,
+)
+from worker.fastpath import Claimed, FastPath, LostTheRace, Settlement, fast_path
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +143,22 @@ class Processed:
             "reason": self.reason,
             "retry_in": self.retry_in,
         }
+
+
+@dataclass(frozen=True)
+class Work:
+    """A claimed delivery and its source, as plain values: the task store rolls
+    its session back on some paths, which would expire ORM instances."""
+
+    delivery_pk: int
+    event: str
+    body: bytes
+    content_type: str | None
+    source_slug: str
+    provider: str
+    workspace_id: int
+    create_events: frozenset[str]
+    site_url: str | None
 
 
 # --- retries -------------------------------------------------------------------------
@@ -232,12 +256,18 @@ def process_delivery(
     lease: Lease | None = None  # set once the claim has committed
     resources = ExitStack()  # the fast path's connection, back to the pool at the end
     try:
-        fast = resources.enter_context(fast_path(session.get_bind()))
-        claimed = _claim(session, fast, delivery_pk, settings)
+        fast = None
+        if _nothing_runs_between_lookup_and_insert(hooks):
+            fast = resources.enter_context(fast_path(session.get_bind()))
+        misses = _LookupMisses(hooks)
+        claimed = _claim(session, fast, delivery_pk, settings, misses)
         if claimed is None:
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
-        lease, work = claimed
-        return _run(session, fast, lease, work, settings, retries, hooks, rng)
+        lease = claimed.lease
+        if fast is not None and claimed.task is not None:
+            return _settle_fast(session, fast, claimed, hooks)
+        work = _load(session, lease)
+        return _run(session, lease, work, settings, retries, misses, rng)
     except transient as error:
         session.rollback()
         return _after_transient_error(
@@ -262,21 +292,40 @@ def process_delivery(
         resources.close()
 
 
+def _nothing_runs_between_lookup_and_insert(hooks: CreateHooks) -> bool:
+    """The fast path looks up and inserts in one statement, so a create with
+    something to run between the two -- a test's hook, the ``after_lookup``
+    fail point -- takes the general path, which has the seam."""
+    if hooks is FAILPOINT_HOOKS:
+        return not armed(AFTER_LOOKUP)
+    return hooks.after_lookup is NO_HOOKS.after_lookup
+
+
 def _claim(
-    session: Session, fast: FastPath | None, delivery_pk: int, settings: Settings
-) -> tuple[Lease, Work] | None:
-    """A committed lease and the work it covers, or None (finished, or held)."""
+    session: Session,
+    fast: FastPath | None,
+    delivery_pk: int,
+    settings: Settings,
+    misses: _LookupMisses,
+) -> Claimed | None:
+    """A committed lease, with the plain case's task when the fast path
+    inserted it; None when the delivery is finished or held by another."""
     if fast is not None:
-        return fast.claim(delivery_pk, lease_seconds=settings.lease_seconds)
+        try:
+            return fast.claim_and_insert(delivery_pk, lease_seconds=settings.lease_seconds)
+        except LostTheRace:
+            # Nothing was written. The fast lookup missed and the unique index
+            # caught the rival: the general path's lookup finds it, and the
+            # outcome is reported as the backstop's.
+            misses.count += 1
     lease = claim(session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds)
     if lease is None:
         return None
-    work = _load(session, lease)
     # The lease must be durable before the create: the task store rolls this
     # session back on some paths (a lost insert race, a full WIP step), which
     # would silently undo an uncommitted claim.
     session.commit()
-    return lease, work
+    return Claimed(lease)
 
 
 def _load(session: Session, lease: Lease) -> Work:
@@ -300,14 +349,14 @@ def _load(session: Session, lease: Lease) -> Work:
 
 def _run(
     session: Session,
-    fast: FastPath | None,
     lease: Lease,
     work: Work,
     settings: Settings,
     retries: int,
-    hooks: CreateHooks,
+    misses: _LookupMisses,
     rng: random.Random,
 ) -> Processed:
+    """The general path, from a committed lease: read the body, create, record."""
     # Checked here as well as at the ingress: the source's events may have
     # changed since the delivery was stored.
     if work.event not in work.create_events:
@@ -331,13 +380,6 @@ def _run(
         return _finish(session, lease, DeliveryStatus.DEAD, reason=reason)
 
     new = replace(draft.new_task(), created_by_delivery=work.delivery_pk)
-    # Counted across both paths: a fast lookup that missed, then a general
-    # create that found the task, took the backstop.
-    misses = _LookupMisses(hooks)
-    if fast is not None:
-        created = _create_fast(session, fast, lease, work, new, draft, misses.around())
-        if created is not None:
-            return created
     try:
         result = create_task(
             session=session,
@@ -366,7 +408,7 @@ def _run(
         )
     except TaskNotFound:
         session.rollback()
-        return _deleted_while_creating(session, lease, draft)
+        return _deleted_while_creating(session, lease, draft.external_id)
 
     holder = result.task
     backstop = result.outcome.deduplicated and misses.count > 0
@@ -382,7 +424,7 @@ def _run(
         if holder.created_by_delivery == work.delivery_pk:
             failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
             reason = "finished the create an earlier attempt of this delivery left unsettled"
-            return _finish_own_create(session, lease, holder, draft, reason=reason)
+            return _finish_own_create(session, lease, holder, new.source, reason=reason)
         return _wait_or_park(
             session,
             lease,
@@ -412,45 +454,15 @@ def _run(
     )
 
 
-def _create_fast(
-    session: Session,
-    fast: FastPath,
-    lease: Lease,
-    work: Work,
-    new: NewTask,
-    draft: TaskDraft,
-    hooks: CreateHooks,
-) -> Processed | None:
-    """The plain create on the fast path: Created, the delivery done.
-
-    None, with nothing written, hands the create to ``create_task`` (a task
-    holds the identity, the new task is invalid, the intake step has a WIP
-    limit, a rival won the race): its lookup gives the outcome.
-    """
-    try:
-        external_id = normalize_external_id(new.external_id)  # 2. validate + normalize
-        if new.source is None or external_id is None:
-            return None
-        held = work.held(external_id)  # 3. LOOKUP: with the claim, or now
-        if held is None:
-            held = fast.is_held(work.workspace_id, external_id)
-        if held:
-            return None
-        hooks.after_lookup()
-        title, description = validated_title_and_description(new)  # 4. validation
-    except (InvalidExternalId, InvalidTask):
-        return None
-    task = fast.insert(  # 5. allocation, admission, insert
-        workspace_id=work.workspace_id,
-        external_id=external_id,
-        title=title,
-        description=description,
-        delivery_pk=work.delivery_pk,
-    )
-    if task is None:
-        return None
+def _settle_fast(
+    session: Session, fast: FastPath, claimed: Claimed, hooks: CreateHooks
+) -> Processed:
+    """The plain create's second statement, after the fast path inserted the
+    task: settle it and record the delivery done (steps 6 and 7)."""
+    lease, task, source = claimed.lease, claimed.task, claimed.source
+    assert task is not None and source is not None
     hooks.after_insert(task)
-    settlement = fast.settle_and_finish(task=task, source=new.source, lease=lease)  # 6, 7
+    settlement = fast.settle_and_finish(task=task, source=source, lease=lease)
     if settlement is Settlement.TAKEN_OVER:
         return _taken_over(lease)
     if settlement is Settlement.FINISHED:
@@ -458,7 +470,7 @@ def _create_fast(
         return Processed(lease.delivery_pk, DeliveryStatus.DONE, outcome="created", task_id=task.id)
     # Deleted or released before it settled: the general completion re-reads
     # and tells which, as it does for a crashed attempt's own task.
-    return _finish_own_create(session, lease, task, draft, reason=None)
+    return _finish_own_create(session, lease, task, source, reason=None)
 
 
 def _names_no_identity(draft: TaskDraft) -> bool:
@@ -469,21 +481,26 @@ def _names_no_identity(draft: TaskDraft) -> bool:
 
 
 def _finish_own_create(
-    session: Session, lease: Lease, task: Task, draft: TaskDraft, *, reason: str | None
+    session: Session,
+    lease: Lease,
+    task: Task,
+    source: SourceLink | None,
+    *,
+    reason: str | None,
 ) -> Processed:
     """Steps 6-8 for a task this delivery inserted and nobody settled yet: an
     earlier attempt's, or this attempt's when the fast path's settlement found
     the task deleted or its identity released. ``task`` carries the identity
     it was inserted with."""
-    task_id, identifier = task.id, task.identifier
+    task_id, identifier, external_id = task.id, task.identifier, task.external_id
     try:
-        completed = complete_creation(session=session, task=task, source=draft.new_task().source)
+        completed = complete_creation(session=session, task=task, source=source)
     except TaskNotFound:
         session.rollback()
-        return _deleted_while_creating(session, lease, draft)
+        return _deleted_while_creating(session, lease, external_id)
     failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
     if completed.outcome is CreateOutcome.CREATED_IDENTITY_LOST:
-        reason = f"created {identifier}, but {draft.external_id!r} was released meanwhile"
+        reason = f"created {identifier}, but {external_id!r} was released meanwhile"
     return _finish(
         session,
         lease,
@@ -494,10 +511,10 @@ def _finish_own_create(
     )
 
 
-def _deleted_while_creating(session: Session, lease: Lease, draft: TaskDraft) -> Processed:
+def _deleted_while_creating(session: Session, lease: Lease, external_id: object) -> Processed:
     # Creating it again would undo someone's delete; a person decides (replay).
     reason = (
-        f"the task for {draft.external_id!r} was deleted before its creation settled; "
+        f"the task for {external_id!r} was deleted before its creation settled; "
         "replay the delivery to create it again"
     )
     return _finish(session, lease, DeliveryStatus.NEEDS_OPERATOR, reason=reason)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
+from ingest.adapters import ADAPTERS
 from ingest.app import create_app
 from ingest.webhooks import Refusal, _read_body
 from models.db import session_scope
@@ -27,6 +28,7 @@ from tests.deliveries import fixture, fixture_names, github_headers, jira_header
 
 GITHUB_SECRET = "gh-secret-1"
 JIRA_SECRET = "jira-secret-1"
+JIRA_SITE = "https://acme.atlassian.net"
 
 
 @dataclass
@@ -89,7 +91,7 @@ def ingress(store: Store) -> Iterator[Ingress]:
             slug="acme-jira",
             secret=JIRA_SECRET,
             create_events=["jira:issue_created"],
-            site_url="https://acme.atlassian.net",
+            site_url=JIRA_SITE,
         )
     published: list[int] = []
     app = create_app(settings_for(store.url), publish=published.extend)
@@ -125,6 +127,7 @@ def test_a_github_create_event_is_stored_queued_and_enqueued(ingress: Ingress, n
     # The identity the body names, kept for the worker's claim (worker.fastpath).
     kind = "gh-pr" if row.event == "pull_request.opened" else "gh-issue"
     assert row.external_id.startswith(f"{kind}/")
+    assert_keeps_the_draft(row, site=None)
     wait_until(lambda: ingress.published == [row.id])
 
 
@@ -141,7 +144,17 @@ def test_a_jira_create_event_is_stored_queued_and_enqueued(ingress: Ingress, nam
         fixture("jira", name),
     )
     assert row.external_id == f"jira:{json.loads(row.body)['issue']['key']}"
+    assert_keeps_the_draft(row, site=JIRA_SITE)
     wait_until(lambda: ingress.published == [row.id])
+
+
+def assert_keeps_the_draft(row: Delivery, *, site: str | None) -> None:
+    """The row keeps the task its body describes, as the worker would read it."""
+    adapter = ADAPTERS["jira" if row.event.startswith("jira:") else "github"]
+    draft = adapter.to_draft(row.event, json.loads(row.body), site=site)
+    kept = (row.draft_title, row.draft_description, row.draft_url, row.draft_remote_key)
+    assert kept == (draft.title.strip(), draft.description, draft.url, draft.remote_key)
+    assert row.external_id == draft.external_id
 
 
 @pytest.mark.parametrize("name", sorted(set(fixture_names("github")) - set(GITHUB_CREATES)))
@@ -152,6 +165,7 @@ def test_other_github_events_are_stored_as_ignored(ingress: Ingress, name):
     assert row.status == "ignored"
     assert "does not create tasks" in row.status_reason
     assert row.external_id is None  # only a delivery for the worker names one
+    assert (row.draft_title, row.draft_url) == (None, None)
     assert ingress.published == []
 
 

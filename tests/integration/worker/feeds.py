@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ingest.adapters import ADAPTERS, named_identity
+from ingest.adapters import ADAPTERS, NOTHING_READ, Reading, read_delivery
 from models.db import session_scope
 from models.inbox import IncomingDelivery, record_delivery
 from models.sources import add_source
@@ -110,9 +110,10 @@ def store_delivery(
     event: str,
     content_type: str | None = "application/json",
     delivery_id: str | None = None,
-    external_id: str | None = None,
+    reading: Reading = NOTHING_READ,
 ) -> int:
-    """Record one delivery as the ingress does; returns the inbox row's key."""
+    """Record one delivery as the ingress does, keeping what it read from the
+    body (``reading``); returns the inbox row's key."""
     incoming = IncomingDelivery(
         source_id=source_id,
         delivery_id=delivery_id or str(uuid.uuid4()),
@@ -121,7 +122,8 @@ def store_delivery(
         action=None,
         headers={"content-type": content_type or ""},
         content_type=content_type,
-        external_id=external_id,
+        external_id=reading.external_id,
+        task=reading.task,
     )
     with session_scope(sessions) as session:
         return record_delivery(session=session, incoming=incoming).pk
@@ -134,23 +136,23 @@ def store_fixture(
     name: str,
     *,
     delivery_id: str | None = None,
-    named: bool = True,
+    read: bool = True,
 ) -> int:
-    """Store fixture ``name``; with ``named``, also the identity its body names,
-    as the ingress keeps it (``named=False``: a row stored before it was kept)."""
+    """Store fixture ``name``; with ``read``, also the task its body describes,
+    as the ingress keeps it (``read=False``: a row stored before it was kept)."""
     body = fixture(provider, name)
     event = event_of(provider, name, body)
-    identity = None
-    if named:
+    reading = NOTHING_READ
+    if read:
         payload = ADAPTERS[provider].decode_body("application/json", body)
-        identity = named_identity(ADAPTERS[provider], event, payload, JIRA_SITE)
+        reading = read_delivery(ADAPTERS[provider], event, payload, JIRA_SITE)
     return store_delivery(
         sessions,
         feed.source_id(provider),
         body=body,
         event=event,
         delivery_id=delivery_id,
-        external_id=identity,
+        reading=reading,
     )
 
 

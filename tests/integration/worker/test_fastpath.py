@@ -1,15 +1,16 @@
 """The worker's fast path (PostgreSQL) and where it hands over to the general path.
 
 Each test runs on SQLite, where the general path does everything, and on
-PostgreSQL, where the plain case takes the fast path's four statements: the
+PostgreSQL, where the plain case takes the fast path's two statements: the
 same assertions on both prove the two paths give the same answers, including
 at every hand-over (a WIP limit, a lost race, a release or a delete between
-the insert and the settlement).
+the insert and the settlement, a row without the draft the ingress reads).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 from sqlalchemy import select, update
@@ -17,22 +18,44 @@ from sqlalchemy import select, update
 from models.access import Caller
 from models.db import session_scope
 from models.events import events_after
-from models.inbox import DeliveryStatus
+from models.inbox import DeliveryStatus, replay
 from models.tables import Delivery, Task
 from models.tasks import CreateHooks, NewTask, SourceLink, create_task
 from tests.conftest import Store
+from tests.e2e.conftest import wait_until
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.integration.worker.test_processing import expire_lease, run
-from worker.fastpath import FastPath, fast_path
+from worker import processing
+from worker.fastpath import fast_path
 
 RIVAL_SOURCE = SourceLink(provider="jira", url="https://rival.example/TES-41", remote_key="TES-41")
 
 
+@pytest.fixture
+def general_creates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The deliveries whose create went down the general path (``create_task``)."""
+    creates: list[int] = []
+
+    def counting(**kwargs):
+        creates.append(kwargs["new"].created_by_delivery)
+        return create_task(**kwargs)
+
+    monkeypatch.setattr(processing, "create_task", counting)
+    return creates
+
+
 def test_a_plain_create_takes_the_fast_path_on_postgresql_and_the_general_one_on_sqlite(
-    store: Store,
+    store: Store, general_creates: list[int]
 ):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
     with fast_path(store.engine) as fast:
         assert (fast is not None) == (store.dialect == "postgresql")
+
+    processed = run(store, pk)
+
+    assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created")
+    assert general_creates == ([] if store.dialect == "postgresql" else [pk])
 
 
 def test_consecutive_creates_number_tasks_without_gaps_and_append_one_event_each(store: Store):
@@ -173,7 +196,7 @@ def test_a_connection_lost_mid_delivery_is_retried_and_not_reused(postgres_store
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
 
-    def the_server_drops_every_other_connection() -> None:
+    def the_server_drops_every_other_connection(_task: Task) -> None:
         with store.engine.connect() as admin:
             admin.exec_driver_sql(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -181,74 +204,116 @@ def test_a_connection_lost_mid_delivery_is_retried_and_not_reused(postgres_store
             )
 
     retried = run(
-        store, pk, hooks=CreateHooks(after_lookup=the_server_drops_every_other_connection)
+        store, pk, hooks=CreateHooks(after_insert=the_server_drops_every_other_connection)
     )
 
     assert retried.status is DeliveryStatus.PROCESSING and retried.retry_in is not None
     row = delivery(store.sessions, pk)
     assert "terminating connection" in row.last_error
-    assert tasks_of(store.sessions, feed.workspace_id) == []
+    (unsettled,) = tasks_of(store.sessions, feed.workspace_id)  # the insert had committed
+    assert (unsettled.created_by_delivery, unsettled.external_id_settled_at) == (pk, None)
 
     expire_lease(store, pk)
     processed = run(store, pk)
 
     assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created")
-    assert [t.identifier for t in tasks_of(store.sessions, feed.workspace_id)] == ["ACME-1"]
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (task.identifier, task.id) == ("ACME-1", unsettled.id)
+    assert task.external_id_settled_at is not None
 
 
-@pytest.fixture
-def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The identities the fast path looked up with a statement of their own."""
-    looked_up: list[str] = []
-    is_held = FastPath.is_held
-
-    def counting(self: FastPath, workspace_id: int, external_id: str) -> bool:
-        looked_up.append(external_id)
-        return is_held(self, workspace_id, external_id)
-
-    monkeypatch.setattr(FastPath, "is_held", counting)
-    return looked_up
-
-
-def test_the_claim_looks_up_the_identity_the_ingress_read(
-    postgres_store: Store, lookups: list[str]
+def test_a_rival_insert_racing_the_fast_statement_is_found_by_the_backstop(
+    postgres_store: Store, general_creates: list[int], caplog: pytest.LogCaptureFixture
 ):
-    store = postgres_store
-    feed = make_feed(store.sessions)
-    first = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
-    again = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
-
-    created, found = run(store, first), run(store, again)
-
-    assert (created.outcome, found.outcome) == ("created", "found_settled")
-    assert lookups == []  # both answered by the claim's own lookup
-    assert delivery(store.sessions, first).external_id == "jira:TES-41"
-
-
-def test_a_row_without_the_identity_is_looked_up_on_its_own(
-    postgres_store: Store, lookups: list[str]
-):
-    store = postgres_store
-    feed = make_feed(store.sessions)
-    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud", named=False)
-
-    processed = run(store, pk)
-
-    assert processed.outcome == "created"
-    assert lookups == ["jira:TES-41"]
-
-
-def test_the_workers_own_reading_of_the_body_decides_the_identity(
-    postgres_store: Store, lookups: list[str]
-):
+    # Real concurrency, no hook: the rival's row is inserted but not committed
+    # when the worker's statement looks up (and misses) and inserts (and waits
+    # on the unique index); the rival commits and the statement fails whole.
     store = postgres_store
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
-    with session_scope(store.sessions) as session:  # as if the ingress had read it otherwise
-        session.execute(update(Delivery).where(Delivery.id == pk).values(external_id="jira:X-1"))
+    step = store.scalar("SELECT min(id) FROM workflow_steps")
+    answers: list[processing.Processed] = []
+
+    with store.engine.connect() as rival:
+        rival.exec_driver_sql(
+            "INSERT INTO tasks (workspace_id, identifier, title, step_id, external_id,"
+            " external_id_settled_at, created_at, updated_at)"
+            " VALUES (%s, 'RIVAL-1', 'rival', %s, 'jira:TES-41', now(), now(), now())",
+            (feed.workspace_id, step),
+        )
+        worker = threading.Thread(target=lambda: answers.append(run(store, pk)))
+        with caplog.at_level(logging.INFO, logger="worker.processing"):
+            worker.start()
+            wait_until(
+                lambda: (
+                    store.scalar(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND wait_event_type = 'Lock'"
+                    )
+                    == 1
+                ),
+                timeout=10,
+                what="the worker's insert to wait on the rival's",
+            )
+            rival.commit()
+            worker.join(timeout=10)
+
+    (processed,) = answers
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (processed.status, processed.outcome, processed.task_id) == (
+        DeliveryStatus.DONE,
+        "found_settled",
+        task.id,
+    )
+    assert general_creates == [pk]  # the statement rolled back whole; the general path found it
+    assert "the insert backstop found task" in caplog.text
+    assert store.scalar("SELECT task_sequence FROM workspaces") == 0  # none spent
+    assert delivery(store.sessions, pk).attempts == 1  # the rolled-back claim left no attempt
+
+
+def test_a_row_without_the_draft_is_created_by_the_general_path(
+    store: Store, general_creates: list[int]
+):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud", read=False)
 
     processed = run(store, pk)
 
+    assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created")
+    assert general_creates == [pk]
     (task,) = tasks_of(store.sessions, feed.workspace_id)
-    assert (processed.outcome, task.external_id) == ("created", "jira:TES-41")
-    assert lookups == ["jira:TES-41"]
+    assert task.external_id == "jira:TES-41"
+
+
+def test_the_fast_path_creates_the_task_the_ingress_read(postgres_store: Store):
+    store = postgres_store
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    with session_scope(store.sessions) as session:  # as if the ingress had read it so
+        session.execute(update(Delivery).where(Delivery.id == pk).values(draft_title="As read"))
+
+    run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (task.title, task.external_id) == ("As read", "jira:TES-41")
+
+
+def test_a_replay_reads_the_body_afresh(store: Store, general_creates: list[int]):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    as_the_body_says = delivery(store.sessions, pk).draft_title
+    with session_scope(store.sessions) as session:  # parked, with a draft read before a fix
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == pk)
+            .values(status="dead", draft_title="Read by a buggy adapter")
+        )
+    with session_scope(store.sessions) as session:
+        replay(session=session, delivery_pk=pk)
+
+    processed = run(store, pk)
+
+    assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created")
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert task.title == as_the_body_says  # read from the body by the adapter as it is now
+    assert general_creates == [pk]
