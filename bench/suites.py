@@ -47,6 +47,8 @@ class Sizes:
     e2e_deliveries: int
     e2e_workers: tuple[int, ...]
     e2e_rounds: int
+    #: Keys per worker message at the relay (0: taskhook's default).
+    e2e_keys_per_message: int
     storm_deliveries: int
     storm_compare: int
     storm_rounds: int
@@ -66,6 +68,7 @@ SMOKE = Sizes(
     e2e_deliveries=300,
     e2e_workers=(1,),
     e2e_rounds=1,
+    e2e_keys_per_message=0,
     storm_deliveries=150,
     storm_compare=300,
     storm_rounds=1,
@@ -84,6 +87,7 @@ DEFAULT = Sizes(
     e2e_deliveries=20_000,
     e2e_workers=(1, 2),
     e2e_rounds=3,
+    e2e_keys_per_message=0,
     storm_deliveries=20_000,
     storm_compare=4_000,
     storm_rounds=3,
@@ -441,16 +445,19 @@ def _cpu_now(workers: _Starter) -> dict[str, float]:
     }
 
 
-def _drain(workers: _Starter, queued: int, redis_url: str, done: Callable[[], bool]) -> dict:
-    """Start the workers on a full queue; time from the first message taken to
-    ``done``, and count the CPU each side spent per message meanwhile (from the
-    workers' ready, so their start-up is not counted)."""
+def _drain(
+    workers: _Starter, deliveries: int, messages: int, redis_url: str, done: Callable[[], bool]
+) -> dict:
+    """Start the workers on a queue holding ``messages`` messages for
+    ``deliveries`` deliveries (the no-op's: one task each); time from the first
+    message taken to ``done``, and count the CPU each side spent per delivery
+    meanwhile (from the workers' ready, so their start-up is not counted)."""
     client = redis.Redis.from_url(redis_url)
     first_taken: list[float] = []
 
     def watch() -> None:
         while not first_taken:
-            if _queue_length(client) < queued:
+            if _queue_length(client) < messages:
                 first_taken.append(time.monotonic())
                 return
             time.sleep(0.002)
@@ -468,23 +475,26 @@ def _drain(workers: _Starter, queued: int, redis_url: str, done: Callable[[], bo
         raise BenchError("never saw the queue shrink")
     elapsed = finished - first_taken[0]
     return {
-        "messages": queued,
+        "deliveries": deliveries,
+        "messages": messages,
         "elapsed_s": round(elapsed, 3),
-        "rate_per_s": round(queued / elapsed, 1),
-        "cpu_ms_per_message": {
-            side: round(1000 * (cpu_after[side] - cpu_before[side]) / queued, 3)
+        "rate_per_s": round(deliveries / elapsed, 1),
+        "cpu_ms_per_delivery": {
+            side: round(1000 * (cpu_after[side] - cpu_before[side]) / deliveries, 3)
             for side in cpu_before
         },
     }
 
 
-def _worker_shape() -> dict[str, Any]:
+def _worker_shape(keys_per_message: int) -> dict[str, Any]:
     """The pool and threads of each worker process: taskhook's defaults, which
-    the workers started here (and the no-op baseline's) run with."""
+    the workers started here (and the no-op baseline's) run with; and how many
+    keys the relay put in one message."""
     fields = Settings.model_fields
     return {
         "pool": fields["worker_pool"].default,
         "concurrency": fields["worker_concurrency"].default,
+        "relay_keys_per_message": keys_per_message,
     }
 
 
@@ -493,9 +503,15 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
     n = sizes.e2e_deliveries
     redis_url = procs.redis()
     client = redis.Redis.from_url(redis_url)
+    # 0: taskhook's default; --set e2e_keys_per_message=1 measures one key per message.
+    keys_per_message = (
+        sizes.e2e_keys_per_message or Settings.model_fields["relay_keys_per_message"].default
+    )
     with throwaway_database() as database:
         taskhook.prepare(database)
-        env = taskhook.environment(database, redis_url)
+        env = taskhook.environment(
+            database, redis_url, TASKHOOK_RELAY_KEYS_PER_MESSAGE=str(keys_per_message)
+        )
         ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
         watcher = psycopg.connect(libpq_url(database), autocommit=True)
 
@@ -512,11 +528,11 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
             _flush(redis_url)
             _enqueue_noops(redis_url, n)
             noop_workers = _Starter(procs, f"noop-p{workers}", "bench.noop", env, workers)
-            noop = _drain(noop_workers, n, redis_url, noop_done)
+            noop = _drain(noop_workers, n, n, redis_url, noop_done)
             noop_workers.stop()
             bench.say(
                 f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s;"
-                f" CPU ms per message {noop['cpu_ms_per_message']}"
+                f" CPU ms per task {noop['cpu_ms_per_delivery']}"
             )
             return noop
 
@@ -532,22 +548,23 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
                     f"the ingress answered {posted['completed']} of {n}: {posted['error_kinds']}"
                 )
             wait_until(
-                lambda: _queue_length(client) >= n,
+                lambda: _relay_published(url) >= n,
                 timeout=120,
                 what="the relay to publish every key",
             )
+            messages = _queue_length(client)
             sampler = Sampler({"ingress": ingress_process})
             sampler.start()
             taskhook_workers = _Starter(
                 procs, f"taskhook-p{workers}", "worker", env, workers, sampler=sampler
             )
-            drained = _drain(taskhook_workers, n, redis_url, all_done)
+            drained = _drain(taskhook_workers, n, messages, redis_url, all_done)
             sampler.stop()
             counts = taskhook.outcome_counts(database)
             taskhook_workers.stop()
             bench.say(
                 f"  taskhook drain, {workers} process(es): {drained['rate_per_s']}/s;"
-                f" CPU ms per message {drained['cpu_ms_per_message']};"
+                f" {messages} messages; CPU ms per delivery {drained['cpu_ms_per_delivery']};"
                 f" ingress {posted['throughput_rps']}/s"
             )
             return {
@@ -597,12 +614,15 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
                     "rate_per_s": report.median([r["noop_drain"]["rate_per_s"] for r in rounds])
                 },
                 "taskhook_drain": {
-                    "rate_per_s": report.median([r["taskhook_drain"]["rate_per_s"] for r in rounds])
+                    "rate_per_s": report.median(
+                        [r["taskhook_drain"]["rate_per_s"] for r in rounds]
+                    ),
+                    "messages": report.median([r["taskhook_drain"]["messages"] for r in rounds]),
                 },
-                "cpu_ms_per_message": {
+                "cpu_ms_per_delivery": {
                     side: {
                         part: round(
-                            statistics.median(r[key]["cpu_ms_per_message"][part] for r in rounds),
+                            statistics.median(r[key]["cpu_ms_per_delivery"][part] for r in rounds),
                             3,
                         )
                         for part in ("workers", "postgres", "redis")
@@ -626,7 +646,7 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
         )
     result = {
         "deliveries": n,
-        "worker_shape": _worker_shape(),
+        "worker_shape": _worker_shape(keys_per_message),
         "configs": configs,
         "peak_rss_mib": peaks,
         "goals": {

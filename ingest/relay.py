@@ -1,7 +1,10 @@
 """The relay: hands committed inbox rows to the broker, off the request path.
 
 A webhook request commits its row and puts the row's key here; it never
-waits on the broker. A background thread publishes keys in batches. If the
+waits on the broker. A background thread publishes keys in batches, and the
+keys of a batch share messages (``relay_keys_per_message`` in each): under a
+burst the worker pays the queue's cost per message once for several
+deliveries, while a lone delivery still goes alone, at once. If the
 broker is down, frozen or slow, keys are dropped after a short timeout and
 counted -- nothing is lost, because the row is already durable and ``queued``,
 and the sweeper enqueues every queued row older than its grace period.
@@ -19,9 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from celery import Celery
+from celery.utils.saferepr import saferepr
 from kombu.utils.uuid import uuid
 
-from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY
+from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
 from models.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,8 +33,23 @@ log = logging.getLogger(__name__)
 Publish = Callable[[Sequence[int]], None]
 
 
+def message_groups(keys: Sequence[int], per_message: int) -> list[list[int]]:
+    """``keys`` in order, cut into groups of at most ``per_message``: one message each."""
+    return [list(keys[start : start + per_message]) for start in range(0, len(keys), per_message)]
+
+
+def task_for(keys: Sequence[int]) -> tuple[str, list]:
+    """The task and arguments of the message for ``keys``: a lone key goes as
+    PROCESS_DELIVERY, as the sweeper and the CLI send it; several as
+    PROCESS_DELIVERIES."""
+    if len(keys) == 1:
+        return PROCESS_DELIVERY, [int(keys[0])]
+    return PROCESS_DELIVERIES, [[int(key) for key in keys]]
+
+
 def celery_publisher(settings: Settings) -> Publish:
-    """Publish PROCESS_DELIVERY messages by name through a producer-only Celery app."""
+    """Publish the worker's messages by name through a producer-only Celery app,
+    up to ``relay_keys_per_message`` keys in each."""
     app = Celery("taskhook-ingress", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         broker_transport_options=settings.broker_transport_options(),
@@ -41,14 +60,17 @@ def celery_publisher(settings: Settings) -> Publish:
     # One short retry, then give up: the sweeper is the slow path, not us.
     retry_policy = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
     messages = DeliveryMessages(app)
+    per_message = settings.relay_keys_per_message
 
     def publish(keys: Sequence[int]) -> None:
+        groups = message_groups(keys, per_message)
         with app.producer_or_acquire() as producer:
             if not producer.supports_batch_publish:
-                for key in keys:
+                for group in groups:
+                    name, args = task_for(group)
                     app.send_task(
-                        PROCESS_DELIVERY,
-                        args=[key],
+                        name,
+                        args=args,
                         queue=DELIVERIES_QUEUE,
                         producer=producer,
                         retry=True,
@@ -62,9 +84,9 @@ def celery_publisher(settings: Settings) -> Publish:
             # (docs/performance.md). Buffering cannot fail on the connection, so
             # there is nothing to retry before the flush; a failed flush leaves
             # the batch to the sweeper, like any failed publish.
-            with producer.batch(max_size=len(keys)):
-                for key in keys:
-                    body, headers, properties = messages.message(key)
+            with producer.batch(max_size=len(groups)):
+                for group in groups:
+                    body, headers, properties = messages.message(group)
                     producer.publish(
                         body,
                         exchange="",
@@ -80,43 +102,56 @@ def celery_publisher(settings: Settings) -> Publish:
 
 
 class DeliveryMessages:
-    """PROCESS_DELIVERY task messages, exactly as Celery's ``create_task_message``
-    builds them, at a fraction of its cost.
+    """The worker's task messages for groups of inbox keys, exactly as Celery's
+    ``create_task_message`` builds them, at a fraction of its cost.
 
     Celery builds some twenty headers per message, most of them the same for
-    every message of one process (the task name, the origin node, no ETA, no
-    group); only the task id and the key differ. Those are filled into one
-    message built by Celery itself when the publisher starts, so a change in
-    Celery's protocol reaches these messages too (tests compare the two).
+    every message of one task name and process (the task name, the origin
+    node, no ETA, no group); only the task id and the arguments differ. Those
+    are filled into one message per task name built by Celery itself when the
+    publisher starts, so a change in Celery's protocol reaches these messages
+    too (tests compare the two).
     """
 
-    #: The task id of the template message; never published.
+    #: The task id of the template messages; never published.
     _TEMPLATE_ID = "00000000-0000-0000-0000-000000000000"
 
     def __init__(self, app: Celery) -> None:
-        template = app.amqp.create_task_message(
-            self._TEMPLATE_ID,
-            PROCESS_DELIVERY,
-            [0],
-            {},
-            # None, not False: the task's own setting (no result) applies.
-            ignore_result=None,
-        )
-        self._headers = dict(template.headers)
-        self._properties = dict(template.properties)
-        self._embed = template.body[2]
+        self._templates = {}
+        for name, args in ((PROCESS_DELIVERY, [0]), (PROCESS_DELIVERIES, [[0, 0]])):
+            template = app.amqp.create_task_message(
+                self._TEMPLATE_ID,
+                name,
+                args,
+                {},
+                # None, not False: the task's own setting (no result) applies.
+                ignore_result=None,
+            )
+            self._templates[name] = (
+                dict(template.headers),
+                dict(template.properties),
+                template.body[2],
+            )
+        self._argsrepr_maxsize = app.amqp.argsrepr_maxsize
+        self._repr_levels = app.conf.task_repr_maxlevels
 
-    def message(self, key: int, task_id: str | None = None) -> tuple[tuple, dict, dict]:
-        """The body, headers and properties of the message for inbox row ``key``."""
+    def message(self, keys: Sequence[int], task_id: str | None = None) -> tuple[tuple, dict, dict]:
+        """The body, headers and properties of the message for inbox rows ``keys``."""
+        name, args = task_for(keys)
+        template_headers, template_properties, embed = self._templates[name]
         task_id = task_id or uuid()
-        headers = self._headers.copy()
+        headers = template_headers.copy()
         # A message sent outside any task is its own root (as in create_task_message).
         headers["id"] = headers["root_id"] = task_id
-        # saferepr([key]) for an integer key: what the worker logs.
-        headers["argsrepr"] = f"[{int(key)}]"
-        properties = self._properties.copy()
+        # What the worker logs: the repr of a list of integers, unless Celery
+        # would cut it short.
+        shown = repr(args)
+        if len(shown) > self._argsrepr_maxsize:
+            shown = saferepr(args, self._argsrepr_maxsize, maxlevels=self._repr_levels)
+        headers["argsrepr"] = shown
+        properties = template_properties.copy()
         properties["correlation_id"] = task_id
-        return ([key], {}, self._embed), headers, properties
+        return (args, {}, embed), headers, properties
 
 
 class Relay:

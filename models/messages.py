@@ -9,6 +9,9 @@ OPERATOR_QUEUE = "operator"
 
 #: process_delivery(delivery_pk: int) on the deliveries queue.
 PROCESS_DELIVERY = "taskhook.process_delivery"
+#: process_deliveries(delivery_pks: list[int]) on the deliveries queue: several
+#: keys the relay published together, each processed as PROCESS_DELIVERY would.
+PROCESS_DELIVERIES = "taskhook.process_deliveries"
 #: sweep() from beat, on the deliveries queue.
 SWEEP = "taskhook.sweep"
 #: release_identity(workspace_id, external_id, operator, reason) on the operator queue.

@@ -53,6 +53,14 @@ class Settings(BaseSettings):
         description="How long the ingress waits for the broker before answering anyway "
         "(the row is durable; the sweeper enqueues it later).",
     )
+    relay_keys_per_message: int = Field(
+        default=16,
+        gt=0,
+        le=100,
+        description="Most inbox keys the relay puts in one worker message. Keys that arrive "
+        "together (a burst) share messages, so the queue's own cost per message is paid once "
+        "for several deliveries; a lone delivery still goes alone, at once.",
+    )
 
     source_cache_seconds: float = Field(
         default=5.0,

@@ -31,6 +31,7 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from models.messages import (
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
+    PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
     RELEASE_IDENTITY,
     SWEEP,
@@ -45,6 +46,7 @@ TASK_MODULES = ("worker.tasks", "worker.operator")
 #: (the ingress, the CLI), so routing is by name.
 TASK_ROUTES = {
     PROCESS_DELIVERY: {"queue": DELIVERIES_QUEUE},
+    PROCESS_DELIVERIES: {"queue": DELIVERIES_QUEUE},
     SWEEP: {"queue": DELIVERIES_QUEUE},
     RELEASE_IDENTITY: {"queue": OPERATOR_QUEUE},
 }

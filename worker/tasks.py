@@ -1,43 +1,84 @@
 """The delivery tasks: thin Celery bodies over ``worker.processing`` and ``worker.sweeper``.
 
-Each takes keys, never payloads, and runs one service call inside one session
-scope. Both are safe to run twice at the same time (see ``worker.processing``).
-The operator's release task lives apart, in ``worker.operator``: nothing here
-may reach it.
+Each takes keys, never payloads, and runs one service call per key inside
+one session scope. All are safe to run twice at the same time (see
+``worker.processing``). The operator's release task lives apart, in
+``worker.operator``: nothing here may reach it.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Any
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from models.db import session_scope
-from models.messages import PROCESS_DELIVERY, SWEEP
+from models.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
 from worker import processing, runtime, sweeper
 from worker.failpoints import BEFORE_ACK, failpoint
+
+log = logging.getLogger(__name__)
 
 #: A soft time limit usually means a stuck query: retried like a database error.
 _TRANSIENT = (*processing.TRANSIENT_ERRORS, SoftTimeLimitExceeded)
 
 
+def _process(delivery_pk: int, *, retries: int) -> processing.Processed:
+    with session_scope(runtime.sessions()) as session:
+        return processing.process_delivery(
+            session=session,
+            delivery_pk=delivery_pk,
+            settings=runtime.settings(),
+            retries=retries,
+            transient=_TRANSIENT,
+        )
+
+
 @shared_task(name=PROCESS_DELIVERY, bind=True, max_retries=None)
 def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
     """PROCESS_DELIVERY(delivery_pk): turn the stored delivery into its task, once."""
-    with session_scope(runtime.sessions()) as session:
-        processed = processing.process_delivery(
-            session=session,
-            delivery_pk=int(delivery_pk),
-            settings=runtime.settings(),
-            retries=self.request.retries or 0,
-            transient=_TRANSIENT,
-        )
+    processed = _process(int(delivery_pk), retries=self.request.retries or 0)
     failpoint(BEFORE_ACK, delivery=int(delivery_pk))
     if processed.retry_in is not None:
         # Sent after the deferral committed; the lease holds until it is due.
         raise self.retry(countdown=processed.retry_in)
     return processed.as_dict()
+
+
+@shared_task(name=PROCESS_DELIVERIES, bind=True)
+def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
+    """PROCESS_DELIVERIES(delivery_pks): PROCESS_DELIVERY for each key, in order.
+
+    The relay's batches: the message is acknowledged once every key was
+    processed. A delivery that must wait is sent again on its own, as
+    PROCESS_DELIVERY's first retry. An unexpected error on one key does not
+    hold up the others; the first is raised once all were tried (its row was
+    not claimed, so the sweeper sends it again). Should the worker die
+    mid-batch, the message comes back whole: the keys already finished cost
+    a claim that finds them done.
+    """
+    recorded: Counter[str] = Counter()  # what the log line shows: the rows say the rest
+    failure: Exception | None = None
+    for key in delivery_pks:
+        pk = int(key)
+        try:
+            processed = _process(pk, retries=0)
+        except Exception as error:
+            log.exception("delivery %s failed before its claim", pk)
+            failure = failure or error
+            continue
+        if processed.retry_in is not None:
+            self.app.send_task(PROCESS_DELIVERY, args=[pk], countdown=processed.retry_in, retries=1)
+        recorded[processed.status.value if processed.status else "not_recorded"] += 1
+        # This row's state has committed and the message is not acknowledged
+        # yet, whatever follows: the same crash point as PROCESS_DELIVERY's.
+        failpoint(BEFORE_ACK, delivery=pk)
+    if failure is not None:
+        raise failure
+    return dict(recorded)
 
 
 @shared_task(name=SWEEP, bind=True)

@@ -52,10 +52,15 @@ def test_end_to_end(tmp_path: Path) -> None:
         assert config["noop_drain"]["rate_per_s"] > 0, label
         assert config["taskhook_drain"]["rate_per_s"] > 0, label
         assert config["exact"], config["counts"]
-        # The CPU each side's workers spent per message was counted.
-        cpu = config["cpu_ms_per_message"]
+        # The CPU each side's workers spent per delivery was counted.
+        cpu = config["cpu_ms_per_delivery"]
         assert cpu["noop"]["workers"] > 0 and cpu["taskhook"]["workers"] > 0, cpu
-        assert result["worker_shape"] == {"pool": "threads", "concurrency": 4}
+        assert 0 < config["taskhook_drain"]["messages"] <= result["deliveries"]
+        assert result["worker_shape"] == {
+            "pool": "threads",
+            "concurrency": 4,
+            "relay_keys_per_message": 16,
+        }
     assert all(peak > 0 for peaks in result["peak_rss_mib"].values() for peak in peaks.values())
 
 

@@ -5,7 +5,9 @@ PostgreSQL. Nothing here is mocked."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +143,39 @@ def test_the_same_delivery_posted_five_times_makes_one_task(pipeline: Pipeline):
         external_id = rows[0].task_id and session.get(Task, rows[0].task_id).external_id
         same = session.scalars(select(Task).where(Task.external_id == external_id)).all()
     assert len(rows) == 1 and len(same) == 1
+
+
+def test_a_burst_shares_messages_and_every_delivery_becomes_its_task(pipeline: Pipeline):
+    # Posted all at once, the keys reach the relay together and go out several
+    # to a message (TASKHOOK_RELAY_KEYS_PER_MESSAGE, 16 by default).
+    payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
+
+    def post(number: int) -> httpx.Response:
+        payload_n = {**payload, "issue": {**payload["issue"], "key": f"BURST-{number}"}}
+        body = json.dumps(payload_n).encode()
+        return httpx.post(
+            f"{pipeline.ingress.url}/webhooks/jira/e2e-jira",
+            content=body,
+            headers=jira_headers(body, JIRA_SECRET),
+            timeout=10,
+        )
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        answers = list(pool.map(post, range(40)))
+
+    assert [a.json()["status"] for a in answers] == ["queued"] * 40
+    pipeline.wait_done(*(a.json()["delivery"] for a in answers))
+    with pipeline.sessions() as session:
+        created = session.scalars(
+            select(Task.external_id).where(Task.external_id.like("jira:BURST-%"))
+        ).all()
+        outcomes = session.scalars(
+            select(Delivery.outcome).where(Delivery.id.in_([a.json()["delivery"] for a in answers]))
+        ).all()
+    assert sorted(created) == sorted(f"jira:BURST-{n}" for n in range(40))
+    assert outcomes == ["created"] * 40
+    worker_log = pipeline.logs[0].text()
+    assert "Task taskhook.process_deliveries[" in worker_log, "no message held several keys"
 
 
 def peak_rss_kib(pid: int) -> int:

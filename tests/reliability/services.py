@@ -13,7 +13,9 @@ A server that cannot be started fails the test that needs it: nothing skips.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -126,6 +128,18 @@ class PrivateRedis:
     def queue_length(self, queue: str = "deliveries") -> int:
         with contextlib.closing(self.client()) as client:
             return int(client.llen(queue))
+
+    def keys_queued(self, queue: str = "deliveries") -> int:
+        """How many inbox keys the queue's messages hold: a message of the
+        relay's may hold several (PROCESS_DELIVERIES)."""
+        with contextlib.closing(self.client()) as client:
+            messages = client.lrange(queue, 0, -1)
+        keys = 0
+        for raw in messages:
+            message = json.loads(raw)
+            args = json.loads(base64.b64decode(message["body"]))[0]
+            keys += len(args[0]) if isinstance(args[0], list) else 1
+        return keys
 
     def freeze(self) -> None:
         """SIGSTOP: the socket stays open and answers nothing, like a hung host."""

@@ -52,9 +52,9 @@ def test_a_flushed_and_restarted_redis_loses_no_delivery(
     assert answers.statuses() == {202: count}
     # The relay hands every key to Redis; nothing consumes them yet.
     wait_until(
-        lambda: private_redis.queue_length() == count,
+        lambda: private_redis.keys_queued() == count,
         timeout=60,
-        what=f"{count} messages in Redis",
+        what=f"{count} keys in Redis's messages",
         logs=[ingress.process],
     )
 

@@ -10,10 +10,12 @@ from celery import Celery
 
 # Importing the task modules registers their shared tasks with every app.
 import worker.operator
-import worker.tasks  # noqa: F401
+import worker.processing
+import worker.tasks
 from models.messages import (
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
+    PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
     RELEASE_IDENTITY,
     SWEEP,
@@ -62,16 +64,17 @@ def test_the_app_is_configured_for_at_least_once_delivery():
     assert conf.broker_url == settings.broker_url
     assert conf.result_backend == settings.broker_url
     assert conf.task_routes[PROCESS_DELIVERY] == {"queue": DELIVERIES_QUEUE}
+    assert conf.task_routes[PROCESS_DELIVERIES] == {"queue": DELIVERIES_QUEUE}
     assert conf.task_routes[SWEEP] == {"queue": DELIVERIES_QUEUE}
     assert conf.task_routes[RELEASE_IDENTITY] == {"queue": OPERATOR_QUEUE}
     (entry,) = conf.beat_schedule.values()
     assert (entry["task"], entry["schedule"]) == (SWEEP, 15)
 
 
-def test_the_worker_registers_the_three_tasks_by_their_message_names():
+def test_the_worker_registers_its_tasks_by_their_message_names():
     app = make_celery_app(SETTINGS)
     app.loader.import_default_modules()
-    assert {PROCESS_DELIVERY, SWEEP, RELEASE_IDENTITY} <= set(app.tasks)
+    assert {PROCESS_DELIVERY, PROCESS_DELIVERIES, SWEEP, RELEASE_IDENTITY} <= set(app.tasks)
     assert app.tasks[RELEASE_IDENTITY].ignore_result is False
     assert app.conf.task_ignore_result is True
 
@@ -92,6 +95,63 @@ def test_the_delivery_task_turns_a_delivery_into_its_task(eager: Celery, store: 
         "retry_in": None,
     }
     assert eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()["status"] is None
+
+
+def test_the_batch_task_turns_each_delivery_into_its_task(eager: Celery, store: Store):
+    feed = make_feed(store.sessions)
+    pks = [
+        store_fixture(store.sessions, feed, "github", "issues__opened"),
+        store_fixture(store.sessions, feed, "github", "pull_request__opened"),
+        store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud"),
+    ]
+
+    answer = eager.tasks[PROCESS_DELIVERIES].apply(args=[pks]).get()
+
+    assert answer == {"done": 3}
+    tasks = tasks_of(store.sessions, feed.workspace_id)
+    assert [t.created_by_delivery for t in tasks] == pks
+    assert [delivery(store.sessions, pk).outcome for pk in pks] == ["created"] * 3
+    # Sent again (the sweeper, a redelivery), the keys find their rows finished.
+    assert eager.tasks[PROCESS_DELIVERIES].apply(args=[pks]).get() == {"not_recorded": 3}
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")
+def test_a_delivery_of_a_batch_that_must_wait_is_sent_again_on_its_own(eager: Celery, store: Store):
+    feed = make_feed(store.sessions, intake_wip_limit=1)
+    admitted = store_fixture(store.sessions, feed, "github", "issues__opened")
+    waiting = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+
+    answer = eager.tasks[PROCESS_DELIVERIES].apply(args=[[admitted, waiting]]).get()
+
+    assert answer == {"done": 1, "processing": 1}
+    with eager.connection_for_read() as connection:
+        message = connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5)
+        message.ack()
+    assert (message.headers["task"], message.payload[0]) == (PROCESS_DELIVERY, [waiting])
+    assert message.headers["retries"] == 1 and message.headers["eta"] is not None
+    assert delivery(store.sessions, waiting).status == "processing"  # its lease held till then
+
+
+def test_an_error_on_one_key_of_a_batch_does_not_hold_up_the_others(
+    eager: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
+):
+    feed = make_feed(store.sessions)
+    broken = store_fixture(store.sessions, feed, "github", "issues__opened")
+    fine = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    process_delivery = worker.processing.process_delivery
+
+    def failing_for_one(**kwargs):
+        if kwargs["delivery_pk"] == broken:
+            raise RuntimeError("the pool is gone")
+        return process_delivery(**kwargs)
+
+    monkeypatch.setattr(worker.processing, "process_delivery", failing_for_one)
+
+    with pytest.raises(RuntimeError, match="the pool is gone"):
+        eager.tasks[PROCESS_DELIVERIES].apply(args=[[broken, fine]]).get()
+
+    assert delivery(store.sessions, fine).outcome == "created"
+    assert delivery(store.sessions, broken).status == "queued"  # the sweeper's to send again
 
 
 @pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
+from queue import Empty
 
+import pytest
 from celery import Celery
 
-from ingest.relay import DeliveryMessages, Relay
-from models.messages import PROCESS_DELIVERY
+from ingest.relay import DeliveryMessages, Relay, celery_publisher, message_groups, task_for
+from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
+from models.settings import Settings
 
 
 def _app() -> Celery:
@@ -17,25 +21,73 @@ def _app() -> Celery:
     return app
 
 
+TASK_ID = "5f0c7b8e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"
+
+
 def test_a_delivery_message_is_exactly_what_celery_builds() -> None:
     app = _app()
-    task_id = "5f0c7b8e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"
     for key in (1, 42, 2**40):
         celery = app.amqp.create_task_message(
-            task_id, PROCESS_DELIVERY, [key], {}, ignore_result=None
+            TASK_ID, PROCESS_DELIVERY, [key], {}, ignore_result=None
         )
-        body, headers, properties = DeliveryMessages(app).message(key, task_id)
+        body, headers, properties = DeliveryMessages(app).message([key], TASK_ID)
         assert body == celery.body
         assert headers == celery.headers
         assert properties == celery.properties
 
 
+@pytest.mark.parametrize("keys", [[1, 2], list(range(16)), [2**40] * 100])
+def test_a_message_of_several_keys_is_exactly_what_celery_builds(keys) -> None:
+    # 100 large keys: past Celery's 1,024-character argsrepr, which it cuts short.
+    app = _app()
+    celery = app.amqp.create_task_message(
+        TASK_ID, PROCESS_DELIVERIES, [keys], {}, ignore_result=None
+    )
+    body, headers, properties = DeliveryMessages(app).message(keys, TASK_ID)
+    assert body == celery.body
+    assert headers == celery.headers
+    assert properties == celery.properties
+
+
 def test_each_message_has_its_own_task_id() -> None:
     messages = DeliveryMessages(_app())
-    first, second = messages.message(7)[1], messages.message(7)[1]
+    first, second = messages.message([7])[1], messages.message([7])[1]
     assert first["id"] != second["id"]
     assert first["root_id"] == first["id"]
     assert first["argsrepr"] == "[7]"
+
+
+def test_keys_share_messages_in_order_and_a_lone_key_goes_alone() -> None:
+    assert message_groups(list(range(1, 8)), 3) == [[1, 2, 3], [4, 5, 6], [7]]
+    assert message_groups([5], 16) == [[5]]
+    assert task_for([7]) == (PROCESS_DELIVERY, [7])
+    assert task_for([7, 8]) == (PROCESS_DELIVERIES, [[7, 8]])
+
+
+def test_the_publisher_sends_one_message_per_group() -> None:
+    # The in-memory transport cannot batch, so this is the send_task branch
+    # (a broker without pipelines); Redis's is proven end to end.
+    broker = f"memory://relay-{uuid.uuid4().hex}"
+    publish = celery_publisher(Settings(broker_url=broker, relay_keys_per_message=3))
+    publish(list(range(1, 8)))
+
+    app = Celery("reader", broker=broker, set_as_current=False)
+    seen = []
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue(DELIVERIES_QUEUE)
+        while True:
+            try:
+                message = queue.get(timeout=0.2)
+            except Empty:
+                break
+            seen.append((message.headers["task"], message.payload[0]))
+            message.ack()
+        queue.close()
+    assert seen == [
+        (PROCESS_DELIVERIES, [[1, 2, 3]]),
+        (PROCESS_DELIVERIES, [[4, 5, 6]]),
+        (PROCESS_DELIVERY, [7]),
+    ]
 
 
 class _Recorder:
