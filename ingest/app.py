@@ -225,6 +225,7 @@ def _broker_ready(settings: Settings) -> str:
     try:
         with Connection(
             settings.broker_url,
+            transport=settings.broker_transport(),
             transport_options=settings.broker_transport_options(),
             connect_timeout=settings.enqueue_timeout_seconds,
         ) as connection:

@@ -52,6 +52,7 @@ def celery_publisher(settings: Settings) -> Publish:
     up to ``relay_keys_per_message`` keys in each."""
     app = Celery("taskhook-ingress", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
+        broker_transport=settings.broker_transport(),
         broker_transport_options=settings.broker_transport_options(),
         broker_connection_timeout=settings.enqueue_timeout_seconds,
         task_serializer="json",

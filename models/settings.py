@@ -139,6 +139,13 @@ class Settings(BaseSettings):
             return f"file://{folder}"
         return "rpc://"
 
+    def broker_transport(self) -> str | None:
+        """The kombu transport for the broker URL, when not the URL's own: the
+        embedded broker writes each message whole (``models.filesystem_broker``)."""
+        if self.broker_url.startswith("filesystem://"):
+            return "models.filesystem_broker:Transport"
+        return None
+
     def broker_transport_options(self) -> dict[str, Any]:
         """Transport options for the broker, shared by the worker and the ingress."""
         if self.broker_url.startswith("filesystem://"):

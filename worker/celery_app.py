@@ -57,6 +57,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     time_limit = settings.task_time_limit_seconds
     return {
         "broker_url": settings.broker_url,
+        "broker_transport": settings.broker_transport(),
         "broker_transport_options": settings.broker_transport_options(),
         "broker_connection_retry_on_startup": True,
         "result_backend": settings.result_backend(),
