@@ -313,7 +313,14 @@ class TaskEvent(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    #: The workspace's stream, whose counter row handed out ``position`` (and
+    #: which goes with its workspace). Its key, not the workspace's: checking
+    #: this reference locks the stream row the append already holds, where a
+    #: check against the workspace's row, which every create updates for its
+    #: identifier, made PostgreSQL share that row's lock among transactions.
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("event_streams.workspace_id", ondelete="CASCADE")
+    )
     position: Mapped[int] = mapped_column(Integer)
     #: task.created, task.archived, task.deleted, task.identity_released
     type: Mapped[str] = mapped_column(String(40))

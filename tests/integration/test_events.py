@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import IntegrityError
 
 from ingest.app import create_app
 from models.db import make_engine, make_session_factory, session_scope
@@ -61,6 +62,24 @@ def test_a_create_appends_task_created_with_its_external_id_and_a_found_appends_
     create(store, workspace.id, "jira:PROJ-1")  # found unsettled
 
     assert stream(store, workspace.id) == [(1, "task.created", task.id, "jira:PROJ-1")]
+
+
+def test_events_belong_to_their_workspaces_stream_and_go_with_the_workspace(store: Store):
+    workspace, other = store.workspace(), store.workspace("other", "OTH")
+    create(store, workspace.id, "jira:PROJ-1")
+    create(store, other.id, "jira:PROJ-1")
+    with store.engine.begin() as connection:
+        # No event outside a stream.
+        with pytest.raises(IntegrityError), connection.begin_nested():
+            connection.exec_driver_sql(
+                "INSERT INTO task_events (workspace_id, position, type, task_id, occurred_at)"
+                " VALUES (999, 1, 'task.created', 1, CURRENT_TIMESTAMP)"
+            )
+        connection.exec_driver_sql(f"DELETE FROM workspaces WHERE id = {workspace.id}")
+
+    assert store.scalar("SELECT count(*) FROM event_streams") == 1
+    assert stream(store, workspace.id) == []
+    assert [event[1] for event in stream(store, other.id)] == ["task.created"]
 
 
 def test_a_create_that_lost_its_identity_or_its_task_appends_no_created_event(store: Store):
