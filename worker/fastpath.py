@@ -156,15 +156,21 @@ class LostTheRace(Exception):
 
 
 @dataclass(frozen=True)
+class Inserted:
+    """The plain case's committed, unsettled task row (not in any session) and
+    the source link its settlement writes."""
+
+    task: Task
+    source: SourceLink
+
+
+@dataclass(frozen=True)
 class Claimed:
     """A committed lease and, in the plain case, the task inserted with it."""
 
     lease: Lease
-    #: The committed, unsettled task row (not in any session) and the source
-    #: link its settlement writes; None: not the plain case, only the lease
-    #: was written.
-    task: Task | None = None
-    source: SourceLink | None = None
+    #: None: not the plain case, only the lease was written.
+    inserted: Inserted | None = None
 
 
 class Settlement(enum.Enum):
@@ -208,7 +214,8 @@ class FastPath:
             external_id=external_id,
             created_by_delivery=delivery_pk,
         )
-        return Claimed(lease, task, SourceLink(provider=provider, url=url, remote_key=remote_key))
+        source = SourceLink(provider=provider, url=url, remote_key=remote_key)
+        return Claimed(lease, Inserted(task, source))
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""

@@ -99,7 +99,7 @@ from worker.failpoints import (
     armed,
     failpoint,
 )
-from worker.fastpath import Claimed, FastPath, LostTheRace, Settlement, fast_path
+from worker.fastpath import Claimed, FastPath, Inserted, LostTheRace, Settlement, fast_path
 
 log = logging.getLogger(__name__)
 
@@ -264,8 +264,8 @@ def process_delivery(
         if claimed is None:
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
         lease = claimed.lease
-        if fast is not None and claimed.task is not None:
-            return _settle_fast(session, fast, claimed, hooks)
+        if fast is not None and claimed.inserted is not None:
+            return _settle_fast(session, fast, lease, claimed.inserted, hooks)
         work = _load(session, lease)
         return _run(session, lease, work, settings, retries, misses, rng)
     except transient as error:
@@ -455,12 +455,11 @@ def _run(
 
 
 def _settle_fast(
-    session: Session, fast: FastPath, claimed: Claimed, hooks: CreateHooks
+    session: Session, fast: FastPath, lease: Lease, inserted: Inserted, hooks: CreateHooks
 ) -> Processed:
     """The plain create's second statement, after the fast path inserted the
     task: settle it and record the delivery done (steps 6 and 7)."""
-    lease, task, source = claimed.lease, claimed.task, claimed.source
-    assert task is not None and source is not None
+    task, source = inserted.task, inserted.source
     hooks.after_insert(task)
     settlement = fast.settle_and_finish(task=task, source=source, lease=lease)
     if settlement is Settlement.TAKEN_OVER:
