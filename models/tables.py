@@ -250,6 +250,11 @@ class Delivery(Base):
     outcome: Mapped[str | None] = mapped_column(String(32))
     #: Not a foreign key: the delivery's history outlives a deleted task.
     task_id: Mapped[int | None] = mapped_column(Integer)
+    #: The task an attempt of this delivery inserted, written in the insert's
+    #: own transaction under the attempt's lease (docs/contract.md, "Fencing
+    #: the create"). Not a foreign key: it outlives a task deleted before its
+    #: creation settled, so a later attempt parks instead of creating it again.
+    created_task_id: Mapped[int | None] = mapped_column(Integer)
     #: Redeliveries under this id whose body differed from the stored one.
     payload_mismatches: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     #: The normalized external id the body names, as the ingress read it (NULL:
