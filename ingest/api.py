@@ -1,11 +1,11 @@
 """The REST surface of the external-ID contract: create, lookup, release, and
 the plain task routes.
 
-Order of checks on every route (seed 000, "Request ordering and error
-precedence"): the token (401), then the caller's access to the workspace --
-a workspace it may not see answers exactly like one that does not exist
-(404) -- then validation (400), then the lookup. A caller without access
-learns nothing about which identities exist there.
+Order of checks on every route (docs/contract.md, "Request ordering"): the
+token (401), then the caller's access to the workspace -- a workspace it may
+not see answers exactly like one that does not exist (404) -- then validation
+(400), then the lookup. A caller without access learns nothing about which
+identities exist there.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ it at ``/mcp`` (streamable HTTP), behind the same bearer tokens as the REST
 API: :class:`BearerGuard` answers 401 before the MCP layer sees a request,
 and hands the token's principal to the tool through the request scope.
 
-There is deliberately no release tool and no lookup tool (seed 000: an agent
-reaching for an identity is reaching for the task; releasing is an operator's
-decision, never an agent's).
+There is deliberately no release tool and no lookup tool: an agent reaching
+for an identity is reaching for the task, and releasing is an operator's
+decision, never an agent's (docs/contract.md, "Outcomes" and "Release").
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ broker is down, frozen or slow, keys are dropped after a short timeout and
 counted -- nothing is lost, because the row is already durable and ``queued``,
 and the sweeper enqueues every queued row older than its grace period.
 
-Why not ``.delay()`` in the handler: Celery's publish blocks (~430 us, far
-longer on a sick broker), which halves ingress throughput and would hold
-requests past GitHub's 10 s timeout when Redis freezes (PERF-NOTES).
+Why not ``.delay()`` in the handler: Celery's publish blocks the request (far
+longer on a sick broker), which costs ingress throughput and would hold
+requests past GitHub's 10 s timeout when Redis freezes (docs/performance.md,
+"1. Ingress": the tutorial receiver that calls ``.delay``).
 """
 
 from __future__ import annotations

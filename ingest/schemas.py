@@ -1,8 +1,9 @@
 """The REST API's request and response bodies, as OpenAPI shows them.
 
-``creation_complete`` and ``deduplicated`` keep the narrow meanings seed 000
-gives them; their descriptions say so, because a broader reading ("the task
-is done", "an agent is running") is the mistake the names were chosen to avoid.
+``creation_complete`` and ``deduplicated`` keep their narrow meanings
+(docs/contract.md, "Outcomes"); their descriptions say so, because a broader
+reading ("the task is done", "an agent is running") is the mistake the names
+were chosen to avoid.
 """
 
 from __future__ import annotations

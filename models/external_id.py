@@ -1,7 +1,8 @@
 """Validation and normalization of caller-supplied external ids.
 
-The order of the steps is normative (seed 000, "Validation and
-normalization") because it decides which error a malformed value gets:
+The order of the steps is part of the contract (docs/contract.md,
+"Validation and normalization") because it decides which error a malformed
+value gets:
 
 1. reject ASCII control characters anywhere in the *raw* value, before any
    trimming, so a trailing newline is an error rather than silently erased;

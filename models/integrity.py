@@ -2,9 +2,9 @@
 
 The create sequence may turn a unique violation into a Found outcome only when
 the violated index is ``uniq_tasks_external_id`` -- "some unique index" is not
-enough (seed 000, Data model). PostgreSQL names the constraint in the error's
-diagnostics. SQLite names only the columns of a plain-column unique index
-("UNIQUE constraint failed: tasks.workspace_id, tasks.external_id"), so the
+enough (docs/contract.md, "Data model"). PostgreSQL names the constraint in
+the error's diagnostics. SQLite names only the columns of a plain-column unique
+index ("UNIQUE constraint failed: tasks.workspace_id, tasks.external_id"), so the
 columns are matched back to the one index of ours that has exactly them.
 """
 

@@ -66,7 +66,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 # Byte-exact comparison on both dialects: SQLite's default collation is
 # BINARY; PostgreSQL's column must say "C", or it follows the database's
 # collation (possibly non-deterministic) and the partial index cannot serve
-# an `external_id = $1` lookup (see PERF-NOTES: 260 ms vs 0.06 ms).
+# an `external_id = $1` lookup (docs/contract.md, "Data model").
 ExternalIdText = Text().with_variant(Text(collation="C"), "postgresql")
 
 

@@ -1,11 +1,12 @@
 """Operator-only tasks, consumed from the ``operator`` queue by their own worker.
 
 Releasing an external identity frees it without deleting its task, so that a
-later create makes a new task. Only a person decides that (seed 000: "must
-not be automated"), so it is reachable only from operator surfaces -- the
-CLI now, the REST release route for operator tokens later -- and never from a
-webhook handler or a delivery task. ``tests/integration/worker/
-test_release_boundary.py`` walks their imports to keep it so.
+later create makes a new task. Only a person decides that, never an automated
+path (docs/contract.md, "Release"), so it is reachable only from operator
+surfaces -- this task, sent by the CLI, and the REST release route for
+operator tokens -- and never from a webhook handler or a delivery task.
+``tests/integration/worker/test_release_boundary.py`` walks their imports to
+keep it so.
 """
 
 from __future__ import annotations

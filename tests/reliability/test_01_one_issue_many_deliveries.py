@@ -7,9 +7,10 @@ the repeated delivery once; the workers make one task and find it 50 times.
 
 A delivery "takes the backstop path" when its lookup missed the task and the
 insert's unique index (``uniq_tasks_external_id``) found it instead -- the
-TOCTOU backstop of seed 000, step 5. The worker logs each one. The first test
-counts how often real concurrency takes it; the second makes sure it is taken
-(both workers pause 0.2 s after a lookup miss) and still makes one task.
+backstop of docs/contract.md, "The create sequence". The worker logs each
+one. The first test counts how often real concurrency takes it; the second
+makes sure it is taken (both workers pause 0.2 s after a lookup miss) and
+still makes one task.
 """
 
 from __future__ import annotations

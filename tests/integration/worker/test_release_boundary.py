@@ -1,11 +1,12 @@
 """No webhook handler and no delivery task reaches the operator's release.
 
-Release frees an identity so that a later create makes a new task; seed 000
-says it must never be automated. This walks the import graph -- statically,
-so a code path that is rarely taken is checked too -- from every module of
-``ingest`` and from the delivery side of ``worker``, and asserts that none of
-the modules reached imports ``worker.operator``, and none uses
-``release_external_id``, the RELEASE_IDENTITY name or its literal value.
+Release frees an identity so that a later create makes a new task; it must
+never be automated (docs/contract.md, "Release"). This walks the import
+graph -- statically, so a code path that is rarely taken is checked too --
+from every module of ``ingest`` and from the delivery side of ``worker``, and
+asserts that none of the modules reached imports ``worker.operator``, and
+none uses ``release_external_id``, the RELEASE_IDENTITY name or its literal
+value.
 
 Every ``ingest`` module is a root -- a new one is checked without anyone
 remembering to list it -- except the operator surfaces and the app that
@@ -42,7 +43,7 @@ DELIVERY_SIDE = ("worker.tasks", "worker.processing", "worker.sweeper")
 #: Modules that may reach release, and why. Not roots; a root that reaches
 #: one of them fails like any other.
 OPERATOR_SURFACES = {
-    "ingest.api": "the REST release route, for operator-role tokens (DESIGN.md)",
+    "ingest.api": "the REST release route, for operator-role tokens (docs/contract.md, 'Release')",
 }
 COMPOSITION_ROOTS = {
     "ingest.app": "mounts the webhook routes and the REST API side by side",
