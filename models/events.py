@@ -4,6 +4,9 @@ Every event is appended in the same transaction as the change it reports, so
 an event exists exactly when its change committed: ``task.created`` with the
 settlement (a create that did not happen -- a Found outcome -- has none),
 ``task.archived``, ``task.deleted`` and ``task.identity_released`` with theirs.
+Every task that was inserted has its ``task.created`` before any later event
+about it: a delete or release of a task whose create never settled appends
+that ``task.created`` first (docs/contract.md, "Task events").
 
 Positions are handed out from a per-workspace counter row whose lock is held
 until commit. Two appends in one workspace therefore commit in position
@@ -16,12 +19,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from models.tables import EventStream, Task, TaskEvent
+from models.tables import EventStream, Task, TaskEvent, utcnow
 
 
 class EventType(enum.StrEnum):
@@ -32,12 +36,18 @@ class EventType(enum.StrEnum):
 
 
 def append_event(
-    *, session: Session, type: EventType, task: Task, external_id: str | None = None
+    *,
+    session: Session,
+    type: EventType,
+    task: Task,
+    external_id: str | None = None,
+    occurred_at: datetime | None = None,
 ) -> TaskEvent:
     """Append one event for ``task`` to its workspace's stream. The caller commits.
 
     ``external_id`` is the identity the event names: by default the one the
-    task holds now (a release passes the one it just freed).
+    task holds now (a release passes the one it just freed). ``occurred_at``
+    defaults to now.
     """
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     upsert = insert(EventStream).values(workspace_id=task.workspace_id, last_position=1)
@@ -53,10 +63,45 @@ def append_event(
         type=type.value,
         task_id=task.id,
         external_id=task.external_id if external_id is None else external_id,
+        occurred_at=occurred_at or utcnow(),
     )
     session.add(event)
     session.flush()
     return event
+
+
+def append_created_if_missing(
+    *, session: Session, task: Task, external_id: str | None = None
+) -> None:
+    """Before a delete or a release of ``task`` (its row locked by the caller):
+    append its ``task.created`` when its create never settled and so never
+    appended one. ``external_id`` is the identity it was created with (by
+    default the one it holds now)."""
+    if task.external_id_settled_at is not None:
+        return  # a settled create appended its event with the settlement
+    if _has_created_event(session, task):
+        return  # settled before a release cleared the stamp, or created without an identity
+    # Appended late, it says when the task was created; its position says
+    # where in the stream it was reported.
+    append_event(
+        session=session,
+        type=EventType.CREATED,
+        task=task,
+        external_id=external_id,
+        occurred_at=task.created_at,
+    )
+
+
+def _has_created_event(session: Session, task: Task) -> bool:
+    return session.scalar(
+        select(
+            exists().where(
+                TaskEvent.workspace_id == task.workspace_id,
+                TaskEvent.task_id == task.id,
+                TaskEvent.type == EventType.CREATED.value,
+            )
+        )
+    )
 
 
 def events_after(

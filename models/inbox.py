@@ -5,10 +5,10 @@
 The ingress records a row (``record_delivery``) and commits it before it
 enqueues anything. A worker takes a lease on the row (``claim``) and may write
 the row only while that lease is the newest: every write after the claim is
-fenced by the attempt number the claim returned (the ownership-generation idea
-of seed 002), so a worker whose lease expired and was taken over cannot
-overwrite what the newer attempt recorded. The sweeper finds rows the broker
-lost or whose worker died (``sweepable``).
+fenced by the attempt number the claim returned, so a worker whose lease
+expired and was taken over cannot overwrite what the newer attempt recorded
+(docs/contract.md, "The inbox and the worker"). The sweeper finds rows the
+broker lost or whose worker died (``sweepable``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models.errors import TaskStoreError
-from models.tables import Delivery, utcnow
-from models.tasks import NewTask
+from models.tables import Delivery, Task, utcnow
+from models.tasks import InsertFence, NewTask
 
 
 class DeliveryStatus(enum.StrEnum):
@@ -57,6 +57,16 @@ class DeliveryNotFound(TaskStoreError, LookupError):
 
 class NotReplayable(TaskStoreError):
     pass
+
+
+class LeaseTakenOver(TaskStoreError):
+    """A newer attempt claimed the delivery: this attempt may write nothing more."""
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(
+            f"delivery {lease.delivery_pk}: attempt {lease.attempt} was taken over by a newer one"
+        )
+        self.lease = lease
 
 
 @dataclass(frozen=True)
@@ -351,6 +361,26 @@ def defer(
     return rows == 1
 
 
+def fence_create(lease: Lease) -> InsertFence:
+    """The create's fence for a delivery's attempt: in the insert's transaction,
+    record the new task as this delivery's (``created_task_id``) through an
+    UPDATE fenced by the lease, and raise :class:`LeaseTakenOver` when it
+    matches no row, so the insert rolls back with it (docs/contract.md,
+    "Fencing the create"). On PostgreSQL the UPDATE also locks the row until
+    the insert commits, so no newer claim can slip in between."""
+
+    def fence(session: Session, task: Task) -> None:
+        rows = session.execute(
+            _fenced(lease)
+            .values(created_task_id=task.id, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if rows != 1:
+            raise LeaseTakenOver(lease)
+
+    return fence
+
+
 def note_outcome(*, session: Session, lease: Lease, outcome: str, task_id: int | None) -> bool:
     """Record the create's outcome and task while the delivery is still processing."""
     rows = session.execute(
@@ -410,6 +440,11 @@ def replay(*, session: Session, delivery_pk: int) -> Delivery:
         )
     delivery.status = DeliveryStatus.QUEUED.value
     delivery.status_reason = "replayed by an operator"
+    if delivery.created_task_id is not None and session.get(Task, delivery.created_task_id) is None:
+        # Its task was deleted before its creation settled, and the worker
+        # parked it rather than create it again: replaying is the operator's
+        # word that it should be created again.
+        delivery.created_task_id = None
     # A replay reads the body afresh, with the adapters as they are now: an
     # operator replays after a fix, and the fix must apply.
     for column in DRAFT_COLUMNS:

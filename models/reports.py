@@ -14,13 +14,14 @@ allowlist at the ingress) are filtered again here before they are shown.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from models.errors import WorkspaceNotAccessible
+from models.events import EventType
 from models.external_id import InvalidExternalId, normalize_external_id
 from models.inbox import DeliveryNotFound, DeliveryStatus, counts_by_status, oldest_queued_at
 from models.tables import (
@@ -28,6 +29,7 @@ from models.tables import (
     IdentityRelease,
     SourceSecret,
     Task,
+    TaskEvent,
     TaskSource,
     WebhookSource,
     Workspace,
@@ -161,6 +163,8 @@ class DeliverySummary:
     last_error: str | None
     #: While processing: when the worker's lease runs out (then the sweeper re-sends it).
     lease_expires_at: datetime | None
+    #: The task an attempt of this delivery inserted, even one deleted since.
+    created_task_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,7 @@ def _summary(delivery: Delivery, source: str, provider: str, identifier: str | N
         status_reason=delivery.status_reason,
         last_error=delivery.last_error,
         lease_expires_at=delivery.lease_expires_at,
+        created_task_id=delivery.created_task_id,
     )
 
 
@@ -304,6 +309,15 @@ class ReleaseView:
 
 
 @dataclass(frozen=True)
+class DeletedTaskView:
+    """A task that held the identity and was deleted: only its events remain."""
+
+    id: int
+    created_at: datetime | None
+    deleted_at: datetime
+
+
+@dataclass(frozen=True)
 class Lineage:
     """Everything the store knows about one external id in one workspace."""
 
@@ -317,10 +331,12 @@ class Lineage:
     releases: list[ReleaseView]
     #: Every delivery that touched one of these tasks (oldest first).
     deliveries: list[DeliverySummary]
+    #: Tasks that held it and were deleted, as their events tell (oldest first).
+    deleted_holders: list[DeletedTaskView] = field(default_factory=list)
 
     @property
     def known(self) -> bool:
-        return self.holder is not None or bool(self.releases)
+        return self.holder is not None or bool(self.releases) or bool(self.deleted_holders)
 
     def creator_of(self, task: TaskView) -> DeliverySummary | None:
         """The delivery whose create inserted ``task``: the only one that may finish
@@ -333,7 +349,11 @@ class Lineage:
             for task in [self.holder, *self.former_holders]
             if task is not None and task.id == task_id
         }
-        return [d for d in self.deliveries if d.task_id == task_id or d.id in creators]
+        return [
+            d
+            for d in self.deliveries
+            if task_id in (d.task_id, d.created_task_id) or d.id in creators
+        ]
 
 
 @dataclass(frozen=True)
@@ -374,6 +394,7 @@ def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Li
         )
     ]
     former_ids = [r.task_id for r in releases if holder is None or r.task_id != holder.id]
+    deleted = _deleted_holders(session, workspace.id, normalized)
     former = (
         list(
             session.scalars(
@@ -388,10 +409,10 @@ def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Li
     views = {task.id: _task_view(task, links.get(task.id)) for task in tasks}
 
     deliveries: list[DeliverySummary] = []
-    touched_ids = list({*views, *former_ids})
+    touched_ids = list({*views, *former_ids, *(task.id for task in deleted)})
     creators = [task.created_by_delivery for task in tasks if task.created_by_delivery]
     if touched_ids:
-        touched = Delivery.task_id.in_(touched_ids)
+        touched = or_(Delivery.task_id.in_(touched_ids), Delivery.created_task_id.in_(touched_ids))
         if creators:
             touched = or_(touched, Delivery.id.in_(creators))
         deliveries = [
@@ -410,7 +431,41 @@ def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Li
         former_holders=[views[task.id] for task in former],
         releases=releases,
         deliveries=deliveries,
+        deleted_holders=deleted,
     )
+
+
+def _deleted_holders(
+    session: Session, workspace_id: int, external_id: str
+) -> list[DeletedTaskView]:
+    """The tasks whose ``task.deleted`` event names the identity. Every task
+    has its ``task.created`` before any later event (docs/contract.md, "Task
+    events"), so a deleted task's creation time is in the stream too."""
+    rows = session.execute(
+        select(TaskEvent.task_id, TaskEvent.type, TaskEvent.occurred_at, TaskEvent.position)
+        .where(
+            TaskEvent.workspace_id == workspace_id,
+            TaskEvent.task_id.in_(
+                select(TaskEvent.task_id).where(
+                    TaskEvent.workspace_id == workspace_id,
+                    TaskEvent.type == EventType.DELETED.value,
+                    TaskEvent.external_id == external_id,
+                )
+            ),
+        )
+        .order_by(TaskEvent.position)
+    ).all()
+    created: dict[int, tuple[datetime, int]] = {}
+    deleted: dict[int, tuple[datetime, int]] = {}
+    for task_id, kind, at, position in rows:
+        if kind == EventType.CREATED.value:
+            created.setdefault(task_id, (at, position))
+        elif kind == EventType.DELETED.value:
+            deleted[task_id] = (at, position)
+    return [
+        DeletedTaskView(id=task_id, created_at=created.get(task_id, (None, 0))[0], deleted_at=at)
+        for task_id, (at, _) in sorted(deleted.items(), key=lambda item: item[1][1])
+    ]
 
 
 def _source_urls(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
@@ -474,6 +529,9 @@ def timeline(found: Lineage) -> list[LineageEvent]:
         add(task.created_at, 1, f"task {task.identifier} created", creator or "-")
         add(task.settled_at, 1, f"task {task.identifier} settled", "creation complete")
         add(task.archived_at, 3, f"task {task.identifier} archived", "keeps its identity")
+    for gone in found.deleted_holders:
+        add(gone.created_at, 1, f"task {gone.id} created", "deleted since; its row is gone")
+        add(gone.deleted_at, 3, f"task {gone.id} deleted", "the identity was free again")
     for release in found.releases:
         who = names.get(release.task_id, f"task {release.task_id}")
         add(

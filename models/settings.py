@@ -81,6 +81,14 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(
         default=4, gt=0, description="Deliveries one worker process runs at once."
     )
+    worker_fast_path: bool = Field(
+        default=True,
+        description="On PostgreSQL, run the plain create (an identity nobody holds, an intake "
+        "step without a WIP limit, a row with the draft the ingress read) in two statements "
+        "(worker/fastpath.py). false sends every delivery down the general path, which "
+        "makes the same decisions in more round trips: for diagnosis, and for the tests "
+        "that prove both paths agree.",
+    )
     task_time_limit_seconds: int = Field(
         default=60,
         gt=0,

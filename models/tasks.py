@@ -1,10 +1,11 @@
 """The task service: create-if-absent by external id, lookup, archive, delete, release.
 
-``create_task`` follows the create sequence of seed 000 step by step, and its
-steps carry the seed's numbers. Two of its steps commit, because the contract
-needs them durable before the next begins: the insert (step 5, after which the
-identity is held, unsettled, for everyone to see) and the settlement (step 7).
-Every other function here leaves the commit to the caller's unit of work.
+``create_task`` follows the create sequence (docs/contract.md, "The create
+sequence") step by step, and its steps carry that section's numbers. Two of
+its steps commit, because the contract needs them durable before the next
+begins: the insert (step 5, after which the identity is held, unsettled, for
+everyone to see) and the settlement (step 7). Every other function here
+leaves the commit to the caller's unit of work.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from models.errors import (
     WorkspaceMisconfigured,
     WorkspaceNotAccessible,
 )
-from models.events import EventType, append_event
+from models.events import EventType, append_created_if_missing, append_event
 from models.external_id import InvalidExternalId, normalize_external_id
 from models.integrity import violated_unique_index
 from models.tables import (
@@ -100,9 +101,11 @@ def _nothing(*_args: object) -> None:
 
 @dataclass(frozen=True)
 class CreateHooks:
-    """Seams between the create sequence's transactions, for tests and fail points.
+    """Seams in the create sequence, for tests and fail points.
 
-    Each runs with no transaction open, so it may use other connections freely.
+    ``after_lookup`` runs after a lookup that missed, inside the lookup's read
+    transaction (nothing is written yet, and nothing is locked on PostgreSQL);
+    ``after_insert`` runs after the insert committed, with no transaction open.
     """
 
     after_lookup: Callable[[], None] = field(default=_nothing)
@@ -112,8 +115,10 @@ class CreateHooks:
 NO_HOOKS = CreateHooks()
 
 Dispatch = Callable[[Task], None]
-#: Writes that must commit together with a successful settlement.
-WithSettlement = Callable[[Session, Task], None]
+#: Runs inside the insert's transaction once the new row has its id; raising
+#: aborts the insert (the worker proves there that its delivery's lease is
+#: still its own: docs/contract.md, "Fencing the create").
+InsertFence = Callable[[Session, Task], None]
 
 
 def create_task(
@@ -124,7 +129,7 @@ def create_task(
     new: NewTask,
     dispatch: Dispatch | None = None,
     hooks: CreateHooks = NO_HOOKS,
-    with_settlement: WithSettlement | None = None,
+    fence: InsertFence | None = None,
 ) -> CreateTaskResult:
     """Create the task unless a task in the workspace already holds its external id.
 
@@ -132,7 +137,8 @@ def create_task(
     after a successful settlement, never for a Found outcome and never when the
     identity was lost. Raises :class:`WorkspaceNotAccessible`,
     :class:`InvalidExternalId`, :class:`InvalidTask`, :class:`WipLimitReached`,
-    or :class:`TaskNotFound` when the new task was deleted before it settled.
+    or :class:`TaskNotFound` when the new task was deleted before it settled;
+    whatever ``fence`` raises, with nothing inserted.
     """
     # 1. authorize workspace -- first, so an unauthorized caller learns nothing
     #    about which identities exist there.
@@ -151,7 +157,7 @@ def create_task(
                 return _found(holder)
         hooks.after_lookup()
 
-        task = _insert_new_task(session, workspace, new, external_id)
+        task = _insert_new_task(session, workspace, new, external_id, fence)
         if isinstance(task, CreateTaskResult):
             return task  # the TOCTOU backstop found the winner of the race
         if task is not None:
@@ -161,13 +167,7 @@ def create_task(
         # again, so the create starts over from the lookup.
 
     hooks.after_insert(task)
-    return complete_creation(
-        session=session,
-        task=task,
-        source=new.source,
-        dispatch=dispatch,
-        with_settlement=with_settlement,
-    )
+    return complete_creation(session=session, task=task, source=new.source, dispatch=dispatch)
 
 
 def complete_creation(
@@ -176,7 +176,6 @@ def complete_creation(
     task: Task,
     source: SourceLink | None,
     dispatch: Dispatch | None = None,
-    with_settlement: WithSettlement | None = None,
 ) -> CreateTaskResult:
     """Steps 6-8 for a task whose row is committed: post-create work, settle, dispatch.
 
@@ -184,10 +183,6 @@ def complete_creation(
     that create, e.g. a redelivery of the same webhook delivery -- may call this
     again to finish what a crash interrupted. It never touches another
     caller's task.
-
-    ``with_settlement`` runs inside the settlement's transaction, after the
-    settle succeeded: what it writes commits with the settlement or not at
-    all (the worker marks its delivery done there, saving a commit).
     """
     # Read before anything can roll back: a rollback expires the instance.
     task_id, external_id = task.id, task.external_id
@@ -201,8 +196,6 @@ def complete_creation(
             # The event commits with the settlement: it exists exactly when the
             # create did, and never for a Found outcome.
             append_event(session=session, type=EventType.CREATED, task=task)
-            if with_settlement is not None:
-                with_settlement(session, task)
         session.commit()
     except IntegrityError:
         session.rollback()
@@ -224,13 +217,18 @@ def complete_creation(
         raise TaskNotFound()
     if current.external_id == external_id and current.external_id_settled_at is not None:
         # A concurrent completion of this same create settled it first (and
-        # dispatched); the task is ours and done.
+        # dispatched); the task is ours and done (docs/contract.md, "Where
+        # taskhook extends the contract").
         return CreateTaskResult(current, CreateOutcome.CREATED)
     return CreateTaskResult(current, CreateOutcome.CREATED_IDENTITY_LOST)
 
 
 def _insert_new_task(
-    session: Session, workspace: Workspace, new: NewTask, external_id: str | None
+    session: Session,
+    workspace: Workspace,
+    new: NewTask,
+    external_id: str | None,
+    fence: InsertFence | None,
 ) -> Task | CreateTaskResult | None:
     """Steps 4-5. The new task, a Found result from the backstop, or None when
     the identity was freed again while we looked (the caller starts over)."""
@@ -263,10 +261,16 @@ def _insert_new_task(
     session.add(task)
     try:
         session.flush()
+        if fence is not None:
+            fence(session, task)
         session.commit()
-    except IntegrityError as error:
+    except Exception as error:
         session.rollback()
-        if external_id is None or violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX:
+        if (
+            external_id is None
+            or not isinstance(error, IntegrityError)
+            or violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX
+        ):
             raise
         # The backstop for the narrow race between the lookup and the insert.
         holder = _holder_of(session, workspace.id, external_id)
@@ -424,6 +428,10 @@ def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
 def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     """Delete the task; its external id goes with the row and is free again."""
     task = get_task(session=session, caller=caller, task_id=task_id)
+    # Locked, so that a settlement cannot commit between the check below and
+    # the delete: the task.created event comes exactly once either way.
+    session.refresh(task, with_for_update=True)
+    append_created_if_missing(session=session, task=task)
     append_event(session=session, type=EventType.DELETED, task=task)
     session.delete(task)
     session.flush()
@@ -455,6 +463,8 @@ def release_external_id(
     if task_id is None:
         raise TaskNotFound()
     released = session.get(Task, task_id, populate_existing=True)
+    # The row is locked by the UPDATE, so no settlement can commit meanwhile.
+    append_created_if_missing(session=session, task=released, external_id=normalized)
     append_event(
         session=session, type=EventType.IDENTITY_RELEASED, task=released, external_id=normalized
     )

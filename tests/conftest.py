@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from migrations import upgrade_to_head
 from models.access import Caller
 from models.db import make_engine, make_session_factory, session_scope
+from models.settings import Settings
 from models.tables import Base, Workspace
 from models.workspaces import StepSpec, create_workspace
 
@@ -46,6 +47,18 @@ class Store:
     url: str
     engine: Engine
     sessions: sessionmaker[Session]
+    #: Whether the worker may take its PostgreSQL fast path here (the worker
+    #: tests run on PostgreSQL with it on and off: tests/integration/worker).
+    fast_path: bool = True
+
+    @property
+    def takes_fast_path(self) -> bool:
+        """A plain create runs on the fast path (worker.fastpath) on this store."""
+        return self.dialect == "postgresql" and self.fast_path
+
+    def worker_settings(self, base: Settings) -> Settings:
+        """``base`` with the worker's path as this store runs it."""
+        return base.model_copy(update={"worker_fast_path": self.fast_path})
 
     def workspace(
         self, slug: str = "acme", prefix: str = "ACME", intake_wip_limit: int | None = None
@@ -108,7 +121,14 @@ def _empty_postgres(engine: Engine) -> None:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A migrated, empty task store on SQLite, then on PostgreSQL."""
-    if request.param == "sqlite":
+    yield from open_store(request, tmp_path, request.param)
+
+
+def open_store(
+    request: pytest.FixtureRequest, tmp_path: Path, dialect: str, *, fast_path: bool = True
+) -> Iterator[Store]:
+    """The ``store`` fixture's body: a migrated, empty store on ``dialect``."""
+    if dialect == "sqlite":
         path = tmp_path / "taskhook.db"
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         url = f"sqlite:///{path}"
@@ -116,9 +136,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         url = request.getfixturevalue("postgres_url")
     engine = make_engine(url)
     try:
-        yield Store(request.param, url, engine, make_session_factory(engine))
+        yield Store(dialect, url, engine, make_session_factory(engine), fast_path=fast_path)
     finally:
-        if request.param == "postgresql":
+        if dialect == "postgresql":
             _empty_postgres(engine)
         engine.dispose()
 

@@ -8,18 +8,21 @@ ingress reads and validates anyway). Through the general path
 case costs about twenty round trips and four commits; here it is two
 statements, each its own transaction, on one connection in autocommit mode:
 
-1. **claim and insert** -- take the lease (``models.inbox.claim``), then
-   seed 000's create sequence up to its insert: step 3's lookup before any
-   write to the task store, step 4's validation (done by the ingress when it
-   kept the draft), step 5's identifier allocation, WIP admission and task
-   row. The workspace's sequence row is locked only for this statement;
+1. **claim and insert** -- take the lease (``models.inbox.claim``), then the
+   create sequence up to its insert (docs/contract.md, "The create
+   sequence"): step 3's lookup before any write to the task store, step 4's
+   validation (done by the ingress when it kept the draft), step 5's
+   identifier allocation, WIP admission and task row. The claim records the
+   task's id on the delivery row (``created_task_id``), so the insert commits
+   with its fence, as on the general path (docs/contract.md, "Fencing the
+   create"). The workspace's sequence row is locked only for this statement;
 2. **settle and finish** -- steps 6 and 7 (the source link, then the
    conditional settlement UPDATE with ``external_id`` in its predicate), the
    ``task.created`` event, and the delivery's ``done`` record fenced by the
    lease's attempt, all committing together or not at all.
 
-The task row commits unsettled before the settlement, as seed 000's state
-machine has it, and the fail points ``after_insert`` and ``before_settle``
+The task row commits unsettled before the settlement, as the contract's
+state machine has it, and the fail points ``after_insert`` and ``before_settle``
 fall between the two statements, so the crash tests kill this path. Nothing
 can run between the lookup and the insert: a test hook or the
 ``after_lookup`` fail point that must run there sends the create down the
@@ -31,16 +34,18 @@ general path, at a point where that path's answer is the right one:
 
 - the first statement claimed but inserted nothing (a task holds the
   identity, the intake step has a WIP limit or is missing, the workspace is
-  gone, the event no longer creates tasks, the row has no draft): only the
-  lease was written, so ``create_task`` runs the whole sequence from its
-  lookup and gives the outcome;
+  gone, the event no longer creates tasks, the row has no draft or its draft
+  names no identity, an earlier attempt already inserted a task): only the
+  lease was written, so the general path decides from its lookup, or from
+  the earlier attempt's task;
 - another create won the unique index between the lookup and the insert:
   the statement rolled back whole, claim included (:class:`LostTheRace`), so
-  the general path claims and its lookup finds the winner -- seed 000's
-  step-5 backstop;
-- the settlement did not happen (the task was deleted or its identity
-  released meanwhile): the task is this delivery's own, so
-  ``complete_creation`` finishes it and re-reads, as for a crashed attempt.
+  the general path claims and its lookup finds the winner -- the create
+  sequence's step-5 backstop;
+- the settlement matched no row: the task was deleted or its identity
+  released meanwhile, or a concurrent completion of this same create settled
+  it first. The task is this delivery's own, so ``complete_creation``
+  finishes it and re-reads to tell which, as for a crashed attempt.
 
 SQLite runs the general path only: there a commit costs no network round trip.
 """
@@ -57,59 +62,82 @@ from psycopg import errors
 from sqlalchemy import Engine
 
 from models.events import EventType
+from models.external_id import UNICODE_WHITE_SPACE
 from models.inbox import DeliveryStatus, Lease
 from models.tables import EXTERNAL_ID_INDEX, Task, utcnow
 from models.tasks import SourceLink
 
-# One statement, one snapshot: ``plain`` is the claimed row when it is the
-# plain case, and its NOT EXISTS is step 3's lookup. The sequence UPDATE
-# matches only when the intake step exists and has no WIP limit: counting a
-# step's tasks needs the workspace lock held *before* the count's snapshot,
-# which one statement cannot give, so a limited step goes to the general path
-# and no sequence number is spent here. A unique violation (a rival's insert
-# after our snapshot) rolls the whole statement back: claim, sequence number
-# and all.
+#: A PostgreSQL regular expression for a value that is Unicode White_Space
+#: only: an identity no task may be created with (docs/contract.md,
+#: "Validation and normalization"). The ingress never keeps one; the fast
+#: path's SQL refuses one all the same, and the general path says it is dead.
+_BLANK = "^[" + "".join(f"\\u{ord(c):04x}" for c in UNICODE_WHITE_SPACE) + "]*$"
+
+# One statement, one snapshot. The claim decides whether this is the plain
+# case, on the row it updates (re-checked by PostgreSQL if a concurrent
+# update got there first): no earlier attempt's task, a draft naming an
+# identity, a creating event, step 3's lookup missing (the NOT EXISTS), and
+# an intake step without a WIP limit -- counting a step's tasks needs the
+# workspace lock held *before* the count's snapshot, which one statement
+# cannot give, so a limited step goes to the general path and no sequence
+# number is spent here. In the plain case the claim also records the id the
+# task is inserted with, drawn from the table's own sequence beforehand:
+# the fence of docs/contract.md, "Fencing the create", in the claim itself.
+# A unique violation (a rival's insert after our snapshot) rolls the whole
+# statement back: claim, marker, sequence number and all.
 _CLAIM_AND_INSERT = f"""
-WITH claimed AS (
+WITH new_task AS (
+    SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id
+), claimed AS (
     UPDATE deliveries AS d
        SET status = '{DeliveryStatus.PROCESSING.value}',
            attempts = d.attempts + 1,
            lease_expires_at = %(now)s + make_interval(secs => %(lease_seconds)s),
-           updated_at = %(now)s
+           updated_at = %(now)s,
+           created_task_id = CASE
+               WHEN d.created_task_id IS NULL
+                AND d.draft_title IS NOT NULL
+                AND d.external_id IS NOT NULL AND d.external_id !~ '{_BLANK}'
+                AND s.create_events::jsonb ? d.event
+                AND NOT EXISTS (
+                    SELECT FROM tasks AS t
+                     WHERE t.workspace_id = s.workspace_id AND t.external_id = d.external_id
+                )
+                AND (SELECT step.wip_limit IS NULL FROM workflow_steps AS step
+                      WHERE step.workspace_id = s.workspace_id
+                      ORDER BY step.position LIMIT 1)
+               THEN (SELECT id FROM new_task)
+               ELSE d.created_task_id
+           END
       FROM webhook_sources AS s
      WHERE d.id = %(delivery)s
        AND s.id = d.source_id
        AND (d.status = '{DeliveryStatus.QUEUED.value}'
             OR (d.status = '{DeliveryStatus.PROCESSING.value}' AND d.lease_expires_at <= %(now)s))
-    RETURNING d.attempts, d.event, d.external_id, d.draft_title, d.draft_description,
-              d.draft_url, d.draft_remote_key, s.provider, s.workspace_id, s.create_events
+    RETURNING d.attempts, d.created_task_id, d.external_id, d.draft_title, d.draft_description,
+              d.draft_url, d.draft_remote_key, s.provider, s.workspace_id
 ), plain AS (
-    SELECT * FROM claimed AS c
-     WHERE c.draft_title IS NOT NULL AND c.external_id IS NOT NULL
-       AND c.create_events::jsonb ? c.event
-       AND NOT EXISTS (
-           SELECT FROM tasks AS t
-            WHERE t.workspace_id = c.workspace_id AND t.external_id = c.external_id
-       )
+    SELECT claimed.* FROM claimed, new_task WHERE claimed.created_task_id = new_task.id
 ), intake AS (
-    SELECT step.id, step.wip_limit FROM workflow_steps AS step, plain
+    SELECT step.id FROM workflow_steps AS step, plain
      WHERE step.workspace_id = plain.workspace_id
      ORDER BY step.position LIMIT 1
 ), number AS (
     UPDATE workspaces AS w SET task_sequence = w.task_sequence + 1
       FROM plain
-     WHERE w.id = plain.workspace_id AND EXISTS (SELECT FROM intake WHERE wip_limit IS NULL)
+     WHERE w.id = plain.workspace_id
     RETURNING w.task_prefix || '-' || w.task_sequence AS identifier
 ), inserted AS (
-    INSERT INTO tasks (workspace_id, identifier, title, description, step_id, external_id,
+    INSERT INTO tasks (id, workspace_id, identifier, title, description, step_id, external_id,
                        created_by_delivery, created_at, updated_at)
-    SELECT plain.workspace_id, number.identifier, plain.draft_title, plain.draft_description,
-           intake.id, plain.external_id, %(delivery)s, %(now)s, %(now)s
+    SELECT plain.created_task_id, plain.workspace_id, number.identifier, plain.draft_title,
+           plain.draft_description, intake.id, plain.external_id, %(delivery)s, %(now)s, %(now)s
       FROM plain, number, intake
     RETURNING id, identifier
 )
 SELECT c.attempts, i.id, i.identifier, c.workspace_id, c.external_id,
-       c.provider, c.draft_url, c.draft_remote_key
+       c.provider, c.draft_url, c.draft_remote_key,
+       EXISTS (SELECT FROM plain) AS marked
   FROM claimed AS c LEFT JOIN inserted AS i ON true
 """
 
@@ -203,8 +231,15 @@ class FastPath:
             raise LostTheRace() from error
         if row is None:
             return None
-        attempt, task_id, identifier, workspace_id, external_id, provider, url, remote_key = row
+        attempt, task_id, identifier, workspace_id, external_id, provider, url, remote_key = row[:8]
         lease = Lease(delivery_pk, attempt)
+        if row[8] and task_id is None:
+            # Cannot happen while the claim's conditions and the insert's agree;
+            # were it to, the marker names a task that does not exist, and the
+            # delivery parks for an operator rather than creating twice.
+            raise RuntimeError(
+                f"delivery {delivery_pk}: claimed for a create that inserted nothing"
+            )
         if task_id is None:
             return Claimed(lease)
         task = Task(

@@ -12,22 +12,30 @@ A delivery's run, in order:
 2. parse the body with the source's provider adapter; an event the source
    does not create tasks for is ``ignored``, a body the adapter cannot use is
    ``dead`` -- never a retry loop;
-3. ``create_task`` with the draft's external id, recording this delivery as
-   the task's creator;
+3. when an earlier attempt of this delivery inserted a task
+   (``created_task_id``), finish that create, or park the delivery when that
+   task was deleted before it settled; otherwise ``create_task`` with the
+   draft's external id, its insert fenced by the lease: the same transaction
+   records the task on the delivery row only while the lease is this
+   attempt's, and a taken-over attempt inserts nothing (docs/contract.md,
+   "Fencing the create");
 4. record the outcome and the task on the row, fenced by the attempt number,
    so a worker whose lease was taken over cannot overwrite the newer record.
 
 On PostgreSQL the plain case -- an identity nobody holds, an intake step
-without a WIP limit, a row with the draft the ingress read -- runs steps 1, 3
-and 4 as two statements on the fast path (``worker.fastpath``), without
-reading the body, in the same order and with the same answers; everything
-else is handed to ``create_task`` and ``complete_creation`` here.
+without a WIP limit, a row with the draft the ingress read and no task from
+an earlier attempt -- runs steps 1, 3 and 4 as two statements on the fast
+path (``worker.fastpath``), without reading the body, in the same order and
+with the same answers; everything else is handed to ``create_task`` and
+``complete_creation`` here. ``Settings.worker_fast_path`` turns the fast path
+off, and the worker tests run on PostgreSQL with it on and off.
 
 Safe to run twice at once for the same delivery: the claim lets one run in
 at a time, fencing drops the writes of a run whose lease was taken over, and
 the create is idempotent by external id, so a second run finds the first
 run's task (and may finish it, because the task names this delivery as its
-creator -- seed 000 lets a create finish its own work, never another's).
+creator: a create may finish its own work, never another's --
+docs/contract.md, "Where taskhook extends the basic contract").
 
 How each answer of the task store ends (``retries`` is how many times the
 message has been retried so far; each kind of retry stops at its own limit):
@@ -39,9 +47,10 @@ FoundUnsettled, another caller's create     retry; past ``unsettled_max_retries`
                                             ``needs_operator``, naming the holder
 WipLimitReached                             the intake step may drain: retry like the
                                             above, then ``needs_operator``
-TaskNotFound (deleted before it settled)    ``needs_operator``: someone deleted the task
-                                            this delivery was creating; recreating it
+TaskNotFound, or the task an earlier        ``needs_operator``: someone deleted the task
+attempt inserted is gone                    this delivery was creating; recreating it
                                             is a person's call (replay)
+LeaseTakenOver (the insert's fence)         nothing: the newer attempt records the delivery
 WorkspaceMisconfigured                      ``needs_operator``: fix the workflow, replay
 InvalidTask, InvalidExternalId,             ``dead``: the same body fails the same way
 WorkspaceNotAccessible                      every time (the source's workspace is gone)
@@ -80,13 +89,22 @@ from models.errors import (
     WorkspaceNotAccessible,
 )
 from models.external_id import InvalidExternalId, normalize_external_id
-from models.inbox import DeliveryStatus, Lease, claim, defer, finish
+from models.inbox import (
+    DeliveryStatus,
+    Lease,
+    LeaseTakenOver,
+    claim,
+    defer,
+    fence_create,
+    finish,
+)
 from models.settings import Settings
 from models.tables import Delivery, Task, WebhookSource, utcnow
 from models.tasks import (
     NO_HOOKS,
     CreateHooks,
     CreateOutcome,
+    NewTask,
     SourceLink,
     complete_creation,
     create_task,
@@ -133,6 +151,9 @@ class Processed:
     reason: str | None = None
     #: Send the delivery again after this many seconds (a retry); None: do not.
     retry_in: float | None = None
+    #: Which executor ran the create: "fast" (worker.fastpath) or "general";
+    #: None when this run claimed nothing.
+    path: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -159,6 +180,8 @@ class Work:
     workspace_id: int
     create_events: frozenset[str]
     site_url: str | None
+    #: The task an earlier attempt of this delivery inserted, if one did.
+    created_task_id: int | None
 
 
 # --- retries -------------------------------------------------------------------------
@@ -221,8 +244,8 @@ class _LookupMisses:
 
     A Found outcome after a miss means the lookup did not see the holder and
     the insert's unique index (or the re-read after a pre-insert failure) did:
-    the TOCTOU backstop of seed 000, step 5. The reliability suite counts how
-    often real concurrency takes it.
+    the TOCTOU backstop (docs/contract.md, "The create sequence", step 5). The
+    reliability suite counts how often real concurrency takes it.
     """
 
     hooks: CreateHooks
@@ -257,7 +280,7 @@ def process_delivery(
     resources = ExitStack()  # the fast path's connection, back to the pool at the end
     try:
         fast = None
-        if _nothing_runs_between_lookup_and_insert(hooks):
+        if settings.worker_fast_path and _nothing_runs_between_lookup_and_insert(hooks):
             fast = resources.enter_context(fast_path(session.get_bind()))
         misses = _LookupMisses(hooks)
         claimed = _claim(session, fast, delivery_pk, settings, misses)
@@ -265,9 +288,10 @@ def process_delivery(
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
         lease = claimed.lease
         if fast is not None and claimed.inserted is not None:
-            return _settle_fast(session, fast, lease, claimed.inserted, hooks)
+            processed = _settle_fast(session, fast, lease, claimed.inserted, hooks)
+            return replace(processed, path="fast")
         work = _load(session, lease)
-        return _run(session, lease, work, settings, retries, misses, rng)
+        return replace(_run(session, lease, work, settings, retries, misses, rng), path="general")
     except transient as error:
         session.rollback()
         return _after_transient_error(
@@ -344,6 +368,7 @@ def _load(session: Session, lease: Lease) -> Work:
         workspace_id=source.workspace_id,
         create_events=frozenset(source.create_events),
         site_url=source.site_url,
+        created_task_id=delivery.created_task_id,
     )
 
 
@@ -374,12 +399,15 @@ def _run(
     except (UnsupportedPayload, UnsupportedContentType) as error:
         return _finish(session, lease, DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
     if _names_no_identity(draft):
-        # The task store treats a blank external id as none at all (seed 000), and
-        # a task without one would be made again by every redelivery.
+        # The task store treats a blank external id as none at all
+        # (docs/contract.md, "Validation and normalization"), and a task
+        # without one would be made again by every redelivery.
         reason = f"cannot become a task: the payload names no external id ({draft.external_id!r})"
         return _finish(session, lease, DeliveryStatus.DEAD, reason=reason)
 
     new = replace(draft.new_task(), created_by_delivery=work.delivery_pk)
+    if work.created_task_id is not None:
+        return _finish_earlier_attempts_create(session, lease, work.created_task_id, new)
     try:
         result = create_task(
             session=session,
@@ -387,7 +415,10 @@ def _run(
             workspace_id=work.workspace_id,
             new=new,
             hooks=misses.around(),
+            fence=fence_create(lease),
         )
+    except LeaseTakenOver:
+        return _taken_over(lease)  # nothing was inserted: the insert rolled back
     except (InvalidTask, InvalidExternalId, WorkspaceNotAccessible) as error:
         session.rollback()
         return _finish(session, lease, DeliveryStatus.DEAD, reason=f"cannot become a task: {error}")
@@ -470,6 +501,34 @@ def _settle_fast(
     # Deleted or released before it settled: the general completion re-reads
     # and tells which, as it does for a crashed attempt's own task.
     return _finish_own_create(session, lease, task, source, reason=None)
+
+
+def _finish_earlier_attempts_create(
+    session: Session, lease: Lease, task_id: int, new: NewTask
+) -> Processed:
+    """An earlier attempt of this delivery inserted ``task_id``: finish that
+    create rather than make another, or park the delivery when the task is
+    gone -- deleted before its creation settled, and recreating it would undo
+    someone's delete (docs/contract.md, "Fencing the create")."""
+    external_id = normalize_external_id(new.external_id)
+    stored = session.get(Task, task_id, populate_existing=True)
+    if stored is None:
+        return _deleted_while_creating(session, lease, external_id)
+    reason = "finished the create an earlier attempt of this delivery began"
+    if stored.external_id_settled_at is not None:
+        reason = "an earlier attempt of this delivery created the task"
+    # The task as it was inserted, with the identity it was created with: if
+    # an operator released it since, the settlement must see that and report
+    # the identity lost.
+    inserted = Task(
+        id=stored.id,
+        workspace_id=stored.workspace_id,
+        identifier=stored.identifier,
+        external_id=external_id,
+        created_by_delivery=lease.delivery_pk,
+    )
+    failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
+    return _finish_own_create(session, lease, inserted, new.source, reason=reason)
 
 
 def _names_no_identity(draft: TaskDraft) -> bool:

@@ -1,4 +1,4 @@
-"""The create sequence of seed 000, outcome by outcome, on SQLite and PostgreSQL."""
+"""The create sequence (docs/contract.md), outcome by outcome, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -361,7 +361,7 @@ def test_create_time_validation_runs_after_the_lookup(store: Store):
     workspace = store.workspace()
     first = create(store, workspace.id, "jira:PROJ-1")
 
-    # The seed's order: a Found retry is answered before create-time validation.
+    # The sequence's order: a Found retry is answered before create-time validation.
     assert create(store, workspace.id, "jira:PROJ-1", title="").task.id == first.task.id
     with pytest.raises(InvalidTask):
         create(store, workspace.id, "jira:PROJ-2", title="   ")
@@ -384,7 +384,7 @@ def test_writing_the_source_link_twice_is_a_no_op(store: Store):
     assert store.scalar("SELECT remote_key FROM task_sources") == "PROJ-1"
 
 
-def test_with_settlement_commits_with_the_settlement_or_not_at_all(store: Store):
+def test_the_fence_runs_in_the_inserts_transaction_and_a_refusal_inserts_nothing(store: Store):
     workspace = store.workspace()
     seen = []
 
@@ -398,27 +398,28 @@ def test_with_settlement_commits_with_the_settlement_or_not_at_all(store: Store)
             caller=TRUSTED,
             workspace_id=workspace.id,
             new=NewTask(title="t", external_id="jira:PROJ-1"),
-            with_settlement=record,
+            fence=record,
         )
     assert seen == [result.task.id]
     assert store.scalar("SELECT name FROM workspaces") == "touched"
 
-    def explode(session, task):
-        session.execute(text("UPDATE workspaces SET name = 'rolled back'"))
-        raise RuntimeError("the recording failed")
+    class Refused(Exception):
+        pass
 
-    with store.sessions() as session, pytest.raises(RuntimeError):
+    def refuse(session, task):
+        session.execute(text("UPDATE workspaces SET name = 'rolled back'"))
+        raise Refused()
+
+    with store.sessions() as session, pytest.raises(Refused):
         create_task(
             session=session,
             caller=TRUSTED,
             workspace_id=workspace.id,
             new=NewTask(title="t", external_id="jira:PROJ-2"),
-            with_settlement=explode,
+            fence=refuse,
         )
-    # Neither the settlement nor what ran with it committed.
-    assert (
-        store.scalar("SELECT external_id_settled_at FROM tasks WHERE external_id = 'jira:PROJ-2'")
-        is None
-    )
+    # Neither the task, nor its sequence number, nor what the fence wrote committed.
+    assert store.scalar("SELECT count(*) FROM tasks WHERE external_id = 'jira:PROJ-2'") == 0
+    assert store.scalar("SELECT task_sequence FROM workspaces") == 1
     assert store.scalar("SELECT name FROM workspaces") == "touched"
     assert store.scalar("SELECT count(*) FROM task_events WHERE external_id = 'jira:PROJ-2'") == 0

@@ -82,24 +82,6 @@ def test_events_belong_to_their_workspaces_stream_and_go_with_the_workspace(stor
     assert [event[1] for event in stream(store, other.id)] == ["task.created"]
 
 
-def test_a_create_that_lost_its_identity_or_its_task_appends_no_created_event(store: Store):
-    workspace = store.workspace()
-
-    def release(task):
-        with session_scope(store.sessions) as session:
-            release_external_id(
-                session=session,
-                workspace_id=workspace.id,
-                external_id="jira:PROJ-1",
-                operator="ops",
-                reason="race",
-            )
-
-    lost = create(store, workspace.id, "jira:PROJ-1", after_insert=release).task
-
-    assert stream(store, workspace.id) == [(1, "task.identity_released", lost.id, "jira:PROJ-1")]
-
-
 def test_archive_delete_and_release_append_their_events(store: Store):
     workspace = store.workspace()
     first = create(store, workspace.id, "jira:PROJ-1").task
@@ -257,3 +239,89 @@ def test_events_are_scoped_to_the_token_and_validated(client):
         f"/api/v1/workspaces/{acme}/events", headers=headers | {"Last-Event-ID": "nope"}
     )
     assert bad.status_code == 400
+
+
+# --- every task that was inserted has its task.created first (docs/contract.md, "Task events")
+
+
+class Died(BaseException):
+    """The create's process died after its insert: nothing after it ran."""
+
+
+def die(_task) -> None:
+    raise Died()
+
+
+def inserted_unsettled(store: Store, workspace_id: int, external_id: str) -> int:
+    with pytest.raises(Died):
+        create(store, workspace_id, external_id, after_insert=die)
+    return store.scalar("SELECT id FROM tasks WHERE external_id = :e", e=external_id)
+
+
+def test_a_task_deleted_before_its_create_settled_gets_task_created_then_task_deleted(
+    store: Store,
+):
+    workspace = store.workspace()
+    task_id = inserted_unsettled(store, workspace.id, "jira:PROJ-1")
+    assert stream(store, workspace.id) == []  # a create that has not settled says nothing yet
+
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=task_id)
+
+    assert stream(store, workspace.id) == [
+        (1, "task.created", task_id, "jira:PROJ-1"),
+        (2, "task.deleted", task_id, "jira:PROJ-1"),
+    ]
+
+
+def test_a_create_whose_identity_was_released_before_it_settled_has_task_created_first(
+    store: Store,
+):
+    workspace = store.workspace()
+
+    def released_meanwhile(task) -> None:
+        with session_scope(store.sessions) as session:
+            release_external_id(
+                session=session,
+                workspace_id=workspace.id,
+                external_id="jira:PROJ-1",
+                operator="ops",
+                reason="abandoned",
+            )
+
+    result = create(store, workspace.id, "jira:PROJ-1", after_insert=released_meanwhile)
+
+    assert result.outcome.value == "created_identity_lost"
+    assert stream(store, workspace.id) == [
+        (1, "task.created", result.task.id, "jira:PROJ-1"),
+        (2, "task.identity_released", result.task.id, "jira:PROJ-1"),
+    ]
+
+
+def test_a_settled_task_deleted_or_released_has_one_task_created(store: Store):
+    workspace = store.workspace()
+    deleted = create(store, workspace.id, "jira:PROJ-1").task
+    released = create(store, workspace.id, "jira:PROJ-2").task
+    plain = create(store, workspace.id, None).task
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=deleted.id)
+        delete_task(session=session, caller=TRUSTED, task_id=plain.id)
+        release_external_id(
+            session=session,
+            workspace_id=workspace.id,
+            external_id="jira:PROJ-2",
+            operator="ops",
+            reason="abandoned",
+        )
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=released.id)
+
+    assert [(kind, task) for _, kind, task, _ in stream(store, workspace.id)] == [
+        ("task.created", deleted.id),
+        ("task.created", released.id),
+        ("task.created", plain.id),
+        ("task.deleted", deleted.id),
+        ("task.deleted", plain.id),
+        ("task.identity_released", released.id),
+        ("task.deleted", released.id),
+    ]

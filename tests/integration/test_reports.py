@@ -21,6 +21,7 @@ from models.inbox import (
     DeliveryStatus,
     IncomingDelivery,
     claim,
+    fence_create,
     finish,
     record_delivery,
 )
@@ -35,7 +36,14 @@ from models.reports import (
 )
 from models.sources import add_secret, add_source
 from models.tables import Delivery, utcnow
-from models.tasks import CreateHooks, NewTask, SourceLink, create_task, release_external_id
+from models.tasks import (
+    CreateHooks,
+    NewTask,
+    SourceLink,
+    create_task,
+    delete_task,
+    release_external_id,
+)
 from tests.conftest import TRUSTED, Store
 
 SECRET = "never-show-me-7f3a"
@@ -111,11 +119,18 @@ def create_by(
                     workspace_id=workspace_id,
                     new=new,
                     hooks=CreateHooks(after_insert=_crash),
+                    fence=fence_create(lease),
                 )
             return store.scalar(
                 "SELECT id FROM tasks WHERE created_by_delivery = :pk", pk=delivery_pk
             )
-        result = create_task(session=session, caller=TRUSTED, workspace_id=workspace_id, new=new)
+        result = create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=workspace_id,
+            new=new,
+            fence=fence_create(lease),
+        )
         task_id, outcome = result.task.id, result.outcome.value
     with session_scope(store.sessions) as session:
         finish(
@@ -359,6 +374,35 @@ def test_lineage_after_a_release_keeps_the_former_holder_and_the_audit(store: St
     assert [d.delivery_id for d in again.deliveries_of(new_task)] == ["d-2"]
 
 
+def test_lineage_shows_a_holder_deleted_before_it_settled_and_the_deliveries_that_touched_it(
+    store: Store,
+):
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    creator = a_delivery(store, source_id, "d-1")
+    deleted = create_by(store, acme.id, creator, crash_before_settle=True)
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=deleted)
+
+    found = lineage_of(store)
+
+    assert found.known and found.holder is None
+    assert [task.id for task in found.deleted_holders] == [deleted]
+    assert [d.delivery_id for d in found.deliveries_of(deleted)] == ["d-1"]
+    assert [event.what for event in timeline(found)] == [
+        "delivery 1 received",
+        f"task {deleted} created",
+        "delivery 1 processing",
+        f"task {deleted} deleted",
+    ]
+
+    holder = create_by(store, acme.id, a_delivery(store, source_id, "d-2"))
+    again = lineage_of(store)
+    assert again.holder.id == holder
+    assert [task.id for task in again.deleted_holders] == [deleted]
+    assert [d.delivery_id for d in again.deliveries] == ["d-1", "d-2"]
+
+
 def test_lineage_is_scoped_to_its_workspace(store: Store):
     acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
     create_by(store, acme.id, a_delivery(store, a_source(store, acme.id, "acme-github"), "d-1"))
@@ -409,9 +453,9 @@ def test_the_timeline_reads_delivery_then_task_then_outcome_in_time_order(store:
     assert [event.at for event in events] == sorted(event.at for event in events)
     assert [event.what for event in events] == [
         f"delivery {creator} received",
-        # The worker's claim is the creator's last row update: it died after the insert.
-        f"delivery {creator} processing",
         "task ACME-1 created",
+        # The insert's fence is the creator's last row update: it died after the insert.
+        f"delivery {creator} processing",
         f"delivery {waiting} received",
         f"delivery {waiting} needs_operator",
         "identity released from ACME-1",

@@ -50,6 +50,7 @@ from schemathesis.checks import not_a_server_error
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from ingest.adapters import ADAPTERS
 from ingest.app import create_app
 from models.db import session_scope
 from models.settings import Settings
@@ -692,27 +693,34 @@ def _peak_rss_kib(pid: int) -> int:
 # --- defence in depth: a payload naming no identity never becomes a task ---------------------
 
 
-def test_a_draft_with_a_blank_identity_is_dead_not_a_task_without_one(fuzz: Fuzz, monkeypatch):
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path-on", "fast-path-off"])
+def test_a_draft_with_a_blank_identity_is_dead_not_a_task_without_one(
+    fuzz: Fuzz, monkeypatch, fast_path: bool
+):
     """No adapter makes a blank external id today (each prefixes its own), but a
-    task created without one would be created again by every redelivery."""
+    task created without one would be created again by every redelivery. The
+    adapter is made to read a blank one at the ingress and in the worker
+    alike, and the worker runs with its PostgreSQL fast path on and off."""
     fuzz.cases["blank identity (worker guard)"] += 1
     tenant = fuzz.tenant
+    jira = ADAPTERS["jira"]
+    real = jira.to_draft
+
+    def blank(*arguments, **keywords):
+        return dataclasses.replace(real(*arguments, **keywords), external_id=" \u3000 ")
+
+    monkeypatch.setattr(jira, "to_draft", blank)
     body = json.dumps(json.loads(fixture("jira", "jira_issue_created__cloud"))).encode() + b" "
     headers = {
         "X-Hub-Signature": sign(body, tenant.jira_secret),
-        "X-Atlassian-Webhook-Identifier": "blank-identity",
+        "X-Atlassian-Webhook-Identifier": f"blank-identity-{fast_path}",
         "Content-Type": "application/json",
     }
     pk = fuzz.post(f"/webhooks/jira/{tenant.jira_source}", body, headers).json()["delivery"]
-    real = processing.draft_of
-
-    def blank(**arguments):
-        return dataclasses.replace(real(**arguments), external_id=" \u3000 ")
-
-    monkeypatch.setattr(processing, "draft_of", blank)
+    settings = WORKER.model_copy(update={"worker_fast_path": fast_path})
     with session_scope(fuzz.sessions) as session:
         before = session.scalar(select(func.count()).select_from(Task))
-        processing.process_delivery(session=session, delivery_pk=pk, settings=WORKER)
+        processing.process_delivery(session=session, delivery_pk=pk, settings=settings)
     with fuzz.sessions() as session:
         row = session.get(DeliveryRow, pk)
         after = session.scalar(select(func.count()).select_from(Task))

@@ -44,7 +44,7 @@ def general_creates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return creates
 
 
-def test_a_plain_create_takes_the_fast_path_on_postgresql_and_the_general_one_on_sqlite(
+def test_a_plain_create_takes_the_fast_path_on_postgresql_unless_it_is_turned_off(
     store: Store, general_creates: list[int]
 ):
     feed = make_feed(store.sessions)
@@ -55,7 +55,8 @@ def test_a_plain_create_takes_the_fast_path_on_postgresql_and_the_general_one_on
     processed = run(store, pk)
 
     assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created")
-    assert general_creates == ([] if store.dialect == "postgresql" else [pk])
+    assert processed.path == ("fast" if store.takes_fast_path else "general")
+    assert general_creates == ([] if store.takes_fast_path else [pk])
 
 
 def test_consecutive_creates_number_tasks_without_gaps_and_append_one_event_each(store: Store):
@@ -191,8 +192,9 @@ def test_the_connection_goes_back_to_the_pool_as_it_came(store: Store):
         assert connection.execute(select(Task.id)).all()
 
 
-def test_a_connection_lost_mid_delivery_is_retried_and_not_reused(postgres_store: Store):
-    store = postgres_store
+@pytest.mark.postgres
+def test_a_connection_lost_mid_delivery_is_retried_and_not_reused(fast_path_store: Store):
+    store = fast_path_store
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
 
@@ -285,8 +287,9 @@ def test_a_row_without_the_draft_is_created_by_the_general_path(
     assert task.external_id == "jira:TES-41"
 
 
-def test_the_fast_path_creates_the_task_the_ingress_read(postgres_store: Store):
-    store = postgres_store
+@pytest.mark.postgres
+def test_the_fast_path_creates_the_task_the_ingress_read(fast_path_store: Store):
+    store = fast_path_store
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
     with session_scope(store.sessions) as session:  # as if the ingress had read it so

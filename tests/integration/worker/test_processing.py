@@ -8,6 +8,7 @@ so far in place and nothing after it.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 from datetime import timedelta
@@ -16,12 +17,13 @@ import pytest
 from sqlalchemy import delete, update
 from sqlalchemy.exc import OperationalError
 
+from ingest.adapters import ADAPTERS
 from models.db import session_scope
-from models.inbox import DeliveryStatus, sweepable
+from models.inbox import DeliveryStatus, replay, sweepable
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
-from models.tasks import CreateHooks
-from tests.conftest import Store
+from models.tasks import CreateHooks, delete_task, release_external_id
+from tests.conftest import TRUSTED, Store
 from tests.integration.worker.feeds import (
     EXPECTED,
     delivery,
@@ -49,7 +51,7 @@ class Crash(BaseException):
 
 
 def run(store: Store, pk: int, **options) -> Processed:
-    options.setdefault("settings", SETTINGS)
+    options["settings"] = store.worker_settings(options.get("settings", SETTINGS))
     with session_scope(store.sessions) as session:
         return process_delivery(session=session, delivery_pk=pk, **options)
 
@@ -314,6 +316,157 @@ def test_a_task_deleted_before_it_settled_parks_the_delivery(store: Store):
 
     assert processed.status is DeliveryStatus.NEEDS_OPERATOR
     assert "deleted before its creation settled" in delivery(store.sessions, pk).status_reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+# --- the create fenced by the lease (docs/contract.md, "Fencing the create") -----------
+
+
+def delete_over_rest(store: Store, task_id: int) -> None:
+    """What DELETE /api/v1/tasks/{id} does: the task service's delete."""
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=task_id)
+
+
+def replay_delivery(store: Store, pk: int) -> None:
+    with session_scope(store.sessions) as session:
+        replay(session=session, delivery_pk=pk)
+
+
+def test_a_task_deleted_after_its_attempt_died_parks_the_delivery_instead_of_a_new_task(
+    store: Store,
+):
+    feed = make_feed(store.sessions)
+    pk = crashed_create(store, feed)
+    (inserted,) = tasks_of(store.sessions, feed.workspace_id)
+    delete_over_rest(store, inserted.id)
+    expire_lease(store, pk)
+
+    processed = run(store, pk)
+
+    assert processed.status is DeliveryStatus.NEEDS_OPERATOR
+    row = delivery(store.sessions, pk)
+    assert "deleted before its creation settled" in row.status_reason
+    assert row.created_task_id == inserted.id
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+    assert store.scalar("SELECT task_sequence FROM workspaces") == 1  # no number spent
+
+    replay_delivery(store, pk)  # the operator's word: create it again
+    again = run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (again.status, again.outcome, task.identifier) == (
+        DeliveryStatus.DONE,
+        "created",
+        "ACME-2",
+    )
+    assert delivery(store.sessions, pk).created_task_id == task.id
+
+
+def test_a_stale_attempt_resuming_after_its_lookup_inserts_nothing(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    newer: list[Processed] = []
+
+    def lease_runs_out_a_redelivery_creates_and_the_task_is_deleted() -> None:
+        if newer:
+            return
+        expire_lease(store, pk)
+        newer.append(run(store, pk))
+        delete_over_rest(store, newer[0].task_id)
+
+    stale = run(
+        store,
+        pk,
+        hooks=CreateHooks(after_lookup=lease_runs_out_a_redelivery_creates_and_the_task_is_deleted),
+    )
+
+    assert (newer[0].status, newer[0].outcome) == (DeliveryStatus.DONE, "created")
+    assert stale.status is None and "taken over" in stale.reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []  # the delete stands
+    row = delivery(store.sessions, pk)
+    assert (row.status, row.attempts, row.task_id) == ("done", 2, newer[0].task_id)
+    assert store.scalar("SELECT task_sequence FROM workspaces") == 1  # the stale number rolled back
+
+
+def test_an_earlier_attempts_task_released_before_it_settled_is_finished_not_made_again(
+    store: Store,
+):
+    feed = make_feed(store.sessions)
+    pk = crashed_create(store, feed)
+    (inserted,) = tasks_of(store.sessions, feed.workspace_id)
+    with session_scope(store.sessions) as session:
+        release_external_id(
+            session=session,
+            workspace_id=feed.workspace_id,
+            external_id=inserted.external_id,
+            operator="ops",
+            reason="abandoned",
+        )
+    expire_lease(store, pk)
+
+    processed = run(store, pk)
+
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (processed.status, processed.outcome, processed.task_id) == (
+        DeliveryStatus.DONE,
+        "created_identity_lost",
+        inserted.id,
+    )
+    assert (task.external_id, task.external_id_settled_at) == (None, None)
+    assert link_of(store.sessions, task.id).remote_key == "TES-41"
+
+
+BLANK = " \u3000 "
+
+
+@pytest.fixture
+def blank_identities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Jira adapter reads every body as naming a blank external id, at the
+    ingress and in the worker alike. No adapter does (each prefixes its own);
+    were one to, a task without an identity would be made again by every
+    redelivery."""
+    jira = ADAPTERS["jira"]
+    real = jira.to_draft
+
+    def blank(*arguments, **keywords):
+        return dataclasses.replace(real(*arguments, **keywords), external_id=BLANK)
+
+    monkeypatch.setattr(jira, "to_draft", blank)
+
+
+@pytest.mark.usefixtures("blank_identities")
+def test_a_delivery_whose_body_names_a_blank_identity_is_dead_on_every_path(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    assert delivery(store.sessions, pk).draft_title is None  # the ingress kept no draft
+
+    processed = run(store, pk)
+
+    assert processed.status is DeliveryStatus.DEAD
+    assert "names no external id" in delivery(store.sessions, pk).status_reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+@pytest.mark.usefixtures("blank_identities")
+def test_a_kept_draft_naming_a_blank_identity_is_dead_too_the_fast_paths_sql_refuses_it(
+    store: Store,
+):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    with session_scope(store.sessions) as session:  # as if an ingress had kept one
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == pk)
+            .values(
+                draft_title="t", draft_url="https://x/1", draft_remote_key="1", external_id=BLANK
+            )
+        )
+
+    processed = run(store, pk)
+
+    assert processed.status is DeliveryStatus.DEAD
+    assert "names no external id" in delivery(store.sessions, pk).status_reason
     assert tasks_of(store.sessions, feed.workspace_id) == []
 
 

@@ -38,7 +38,7 @@ SETTINGS = Settings(
 def eager(store: Store) -> Iterator[Celery]:
     app = make_celery_app(SETTINGS)
     app.conf.task_always_eager = True
-    runtime.use(sessions=store.sessions, settings=SETTINGS)
+    runtime.use(sessions=store.sessions, settings=store.worker_settings(SETTINGS))
     try:
         yield app
     finally:
