@@ -14,7 +14,8 @@ limit so that "too large" is cheap to reach), hypothesis sends:
 - real payloads whose identity is bad -- control characters, 256 bytes and
   more, white space only, ``\\u0000`` -- signed and stored, then processed by
   the worker's own code: no task for an invalid identity, and every task's
-  external id passes the seed's rules.
+  external id passes the rules of docs/contract.md, "Validation and
+  normalization".
 
 schemathesis sends what the OpenAPI document allows (and more) to every
 operation. Against a real uvicorn, raw sockets send lying Content-Lengths,
@@ -375,16 +376,17 @@ JIRA_KEYS = st.one_of(
 TITLES = st.one_of(st.none(), st.text(max_size=60), st.just("nul \u0000 inside"), st.just("\ud800"))
 
 
-def seed_valid(external_id: str) -> bool:
-    """Seed 000's rules, written again here: no ASCII control character in the raw
-    value, nothing to trim, not empty, at most 255 bytes of UTF-8."""
+def contract_valid(external_id: str) -> bool:
+    """The rules of docs/contract.md ("Validation and normalization"), written
+    again here: no ASCII control character in the raw value, nothing to trim,
+    not empty, at most 255 bytes of UTF-8."""
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in external_id):
         return False
     stripped = external_id.strip(WHITE_SPACE)
     return stripped == external_id and stripped != "" and len(external_id.encode()) <= 255
 
 
-#: Unicode White_Space (the seed's trim), from PropList.txt.
+#: Unicode White_Space (the contract's trim), from PropList.txt.
 WHITE_SPACE = (
     "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
     "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
@@ -455,7 +457,7 @@ def test_a_bad_identity_in_a_payload_never_becomes_a_task(
     assert row.status == "done", (row.status, row.status_reason, processed)
     # A task: its identity is exactly the payload's, and the payload's was valid.
     assert task is not None and task.external_id == claimed
-    assert seed_valid(claimed), f"a task holds the invalid identity {claimed!r}"
+    assert contract_valid(claimed), f"a task holds the invalid identity {claimed!r}"
 
 
 # --- 4. every operation, schemathesis -------------------------------------------------------------
@@ -671,7 +673,7 @@ def test_the_fuzzed_database_keeps_its_promises(fuzz: Fuzz, figures):
                 select(DeliveryRow.status, func.count()).group_by(DeliveryRow.status)
             ).all()
         )
-    assert all(seed_valid(external_id) for external_id in tasks if external_id is not None)
+    assert all(contract_valid(external_id) for external_id in tasks if external_id is not None)
     assert_invariants(fuzz.engine, dead_allowed=BAD_INPUT_REASONS)
     figures.record(
         SCENARIO,

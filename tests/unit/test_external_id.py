@@ -1,6 +1,7 @@
-"""External-id validation, in the seed's normative order: control characters on
-the raw value, then trim Unicode White_Space, then empty means absent, then the
-255-byte limit. Properties with hypothesis, plus the seed's named examples."""
+"""External-id validation, in the contract's normative order (docs/contract.md,
+"Validation and normalization"): control characters on the raw value, then
+trim Unicode White_Space, then empty means absent, then the 255-byte limit.
+Properties with hypothesis, plus the contract's named examples."""
 
 from __future__ import annotations
 
