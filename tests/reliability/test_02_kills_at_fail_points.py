@@ -28,12 +28,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from models.db import session_scope
 from models.tables import Delivery as DeliveryRow
 from models.tables import Task, TaskSource, WebhookSource
+from models.tokens import issue_token
 from tests.e2e.conftest import Ingress, WorkerProcess, wait_until
 from tests.reliability.conftest import scaled
 from tests.reliability.invariants import assert_invariants
@@ -45,6 +48,7 @@ from tests.reliability.stack import (
     outcomes,
     tasks_by_external_id,
 )
+from tests.reliability.test_07_operator_release import taskhook
 from tests.reliability.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
@@ -227,3 +231,69 @@ def test_kills_at_a_fail_point_lose_nothing_and_duplicate_nothing(
             }
         },
     )
+
+
+@pytest.mark.parametrize("fast_path", ["true", "false"], ids=["fast-path-on", "fast-path-off"])
+def test_a_task_deleted_after_its_worker_died_is_not_created_again(
+    rig: Rig, fast_path: str, secret_book, module_logs
+):
+    """A worker SIGKILLed right after the insert leaves the task unsettled; an
+    operator deletes it over REST; when the sweeper sends the delivery again,
+    it parks as needs_operator instead of creating the task again, and
+    ``taskhook explain`` names the deleted task (docs/contract.md, "Fencing
+    the create")."""
+    tenant = add_tenant(rig.sessions, secret_book, f"deleted-{fast_path}", "DEL")
+    with session_scope(rig.sessions) as session:
+        token = issue_token(
+            session=session, name="ops", role="operator", workspace_ids=[tenant.workspace_id]
+        ).token
+    path = {"TASKHOOK_WORKER_FAST_PATH": fast_path}
+    logs_before = len(rig.stack.processes)
+    killed = rig.stack.worker(f"killed-{fast_path}", TASKHOOK_FAILPOINT="after_insert:kill", **path)
+    try:
+        (answer,) = post_all(rig.ingress.url, [tenant.jira("DEL-1")], concurrency=1).accepted()
+        pk = answer.body["delivery"]
+        wait_until(lambda: killed.process.poll() is not None, timeout=30, what="the kill")
+        with rig.sessions() as session:
+            (task,) = session.scalars(
+                select(Task).where(Task.workspace_id == tenant.workspace_id)
+            ).all()
+        assert (task.external_id, task.external_id_settled_at) == ("jira:DEL-1", None)
+
+        deleted = httpx.delete(
+            f"{rig.ingress.url}/api/v1/tasks/{task.id}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert deleted.status_code == 204
+        rig.stack.worker(f"healthy-{fast_path}", **path)
+
+        def parked() -> bool:
+            with rig.sessions() as session:
+                return session.get(DeliveryRow, pk).status == "needs_operator"
+
+        wait_until(parked, timeout=60, what="the delivery parked", logs=rig.stack.processes)
+    finally:
+        for process in rig.stack.processes[logs_before:]:
+            process.stop()
+
+    with rig.sessions() as session:
+        row = session.get(DeliveryRow, pk)
+        left = session.scalar(
+            select(func.count()).select_from(Task).where(Task.workspace_id == tenant.workspace_id)
+        )
+    assert "deleted before its creation settled" in row.status_reason
+    assert (left, row.created_task_id, row.attempts) == (0, task.id, 2)
+    explained = taskhook(
+        rig.stack.database_url,
+        rig.stack.broker_url,
+        module_logs / "taskhook-cli.log",
+        "explain",
+        "--workspace",
+        tenant.slug,
+        "jira:DEL-1",
+    )
+    assert explained.returncode == 0, explained.stderr
+    assert f"Deleted: task {task.id} held it" in explained.stdout
+    assert f"(deliveries that touched it: {pk})" in explained.stdout
+    assert_invariants(rig.engine)

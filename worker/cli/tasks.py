@@ -171,6 +171,7 @@ def explain(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bo
                 "external_id": found.external_id,
                 "holder": _task_json(found.holder),
                 "former_holders": [_task_json(view) for view in found.former_holders],
+                "deleted_holders": [asdict(gone) for gone in found.deleted_holders],
                 "releases": [asdict(release) for release in found.releases],
                 "deliveries": [asdict(d) for d in found.deliveries],
                 "events": [asdict(event) for event in events],
@@ -185,6 +186,12 @@ def explain(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bo
         empty="(no events)",
     )
     click.echo()
+    for gone in found.deleted_holders:
+        touched = ", ".join(str(d.id) for d in found.deliveries_of(gone.id)) or "none"
+        click.echo(
+            f"Deleted: task {gone.id} held it until {format_when(gone.deleted_at)} "
+            f"(deliveries that touched it: {touched})."
+        )
     holder = found.holder
     if holder is None:
         click.echo("Now: no task holds it; the next delivery for the item creates a new task.")
