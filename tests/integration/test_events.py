@@ -15,9 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from ingest.app import create_app
 from models.db import make_engine, make_session_factory, session_scope
 from models.events import events_after
-from models.inbox import IncomingDelivery, record_delivery
 from models.settings import Settings
-from models.sources import add_source
 from models.tasks import (
     CreateHooks,
     NewTask,
@@ -28,7 +26,7 @@ from models.tasks import (
 )
 from models.tokens import issue_token
 from tests.conftest import TRUSTED, Store
-from tests.deliveries import fixture
+from tests.integration.worker.feeds import make_feed, store_fixture
 from worker.processing import process_delivery
 
 
@@ -110,40 +108,26 @@ def test_archive_delete_and_release_append_their_events(store: Store):
     assert stream(store, workspace.id, after=3) == stream(store, workspace.id)[3:]
 
 
-def test_a_delivery_redelivered_five_times_yields_exactly_one_created_event(store: Store):
-    workspace = store.workspace()
-    with session_scope(store.sessions) as session:
-        source = add_source(
-            session=session,
-            provider="jira",
-            workspace_id=workspace.id,
-            slug="j",
-            secret="s",
-            create_events=["jira:issue_created"],
-        )
-        recorded = record_delivery(
-            session=session,
-            incoming=IncomingDelivery(
-                source_id=source.id,
-                delivery_id="1",
-                body=fixture("jira", "jira_issue_created__cloud"),
-                event="jira:issue_created",
-                action=None,
-                headers={},
-                content_type="application/json",
-            ),
-        )
-    settings = Settings(database_url=store.url)
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path-on", "fast-path-off"])
+def test_a_delivery_redelivered_five_times_yields_exactly_one_created_event(
+    store: Store, fast_path: bool
+):
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    settings = Settings(database_url=store.url, worker_fast_path=fast_path)
+    paths = set()
     for _ in range(5):
         with store.engine.begin() as connection:  # hand the same row over again
             connection.exec_driver_sql("UPDATE deliveries SET status = 'queued'")
         with session_scope(store.sessions) as session:
-            process_delivery(session=session, delivery_pk=recorded.pk, settings=settings)
+            paths.add(process_delivery(session=session, delivery_pk=pk, settings=settings).path)
 
-    events = stream(store, workspace.id)
+    events = stream(store, feed.workspace_id)
     assert [(kind, external_id) for _, kind, _, external_id in events] == [
         ("task.created", "jira:TES-41")
     ]
+    takes_fast_path = fast_path and store.dialect == "postgresql"
+    assert ("fast" in paths) == takes_fast_path  # the first run's create; the others find it
 
 
 def test_concurrent_appends_number_a_workspace_gaplessly(store: Store):
