@@ -41,6 +41,7 @@ from ingest.schemas import (
     task_body,
 )
 from models.errors import (
+    HolderChanged,
     InvalidRelease,
     InvalidTask,
     TaskNotFound,
@@ -142,7 +143,17 @@ async def create(request: Request, principal: Caller) -> JSONResponse:
 
 
 BY_EXTERNAL_ID = "/workspaces/{workspace_id}/tasks/by-external-id"
-ExternalIdQuery = Annotated[str | None, Query(description="The external id to look up (required).")]
+ExternalIdQuery = Annotated[str | None, Query(description="The external id (required).")]
+
+#: Query parameters a request must send, though the route declares them
+#: optional: the route itself answers their absence with 400 and its own
+#: error body, after the token and the workspace access are checked
+#: (docs/contract.md, "Request ordering"). The OpenAPI document marks them
+#: required, so generated clients send them (ingest.app).
+REQUIRED_QUERY_PARAMETERS = {
+    (router.prefix + BY_EXTERNAL_ID, "get"): {"external_id"},
+    (router.prefix + BY_EXTERNAL_ID, "delete"): {"external_id", "reason"},
+}
 
 
 @router.get(
@@ -184,7 +195,7 @@ def lookup(
 @router.delete(
     BY_EXTERNAL_ID,
     status_code=204,
-    responses=error_responses(400, 403, 404),
+    responses=error_responses(400, 403, 404, 409),
     summary="Release an external_id (operator role): the task stays, the identity is freed",
 )
 def release(
@@ -195,11 +206,22 @@ def release(
     reason: Annotated[
         str | None, Query(description="Why the identity is released (required; audited).")
     ] = None,
+    expected_task_id: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_ID,
+            description="The task id the caller expects to hold the identity. When another "
+            "task holds it, nothing is released and the answer is 409, naming the holder.",
+        ),
+    ] = None,
 ) -> Response:
     """Sets the holder's external_id and its settlement to null and writes an
     audit row naming the token. Release is for an identity a person has
     determined is abandoned -- never an automatic answer to
-    ``creation_complete: false``."""
+    ``creation_complete: false``. Send ``expected_task_id`` with the holder
+    you looked at, so that a task that claimed the identity since is never
+    freed by mistake."""
     require_access(principal, workspace_id, TASK_NOT_FOUND)
     if not principal.is_operator:
         raise ApiError(403, "releasing an external_id needs an operator token")
@@ -211,6 +233,7 @@ def release(
             external_id=external_id,
             operator=principal.name,
             reason=reason or "",
+            expected_task_id=expected_task_id,
         )
 
     try:
@@ -219,6 +242,8 @@ def release(
         raise ApiError(400, str(error)) from None
     except TaskNotFound:
         raise ApiError(404, TASK_NOT_FOUND) from None
+    except HolderChanged as error:
+        raise ApiError(409, str(error)) from None
     return Response(status_code=204)
 
 

@@ -147,6 +147,11 @@ def _openapi_without_422(app: FastAPI) -> dict:
         for path in schema["paths"].values():
             for operation in path.values():
                 operation.get("responses", {}).pop("422", None)
+        for (path, method), names in api.REQUIRED_QUERY_PARAMETERS.items():
+            for parameter in schema["paths"][path][method].get("parameters", []):
+                if parameter["in"] == "query" and parameter["name"] in names:
+                    parameter["required"] = True
+                    parameter["schema"] = {"type": "string", "minLength": 1}
         for name in ("HTTPValidationError", "ValidationError"):
             schema.get("components", {}).get("schemas", {}).pop(name, None)
         app.openapi_schema = schema

@@ -14,6 +14,7 @@ decision, never an agent's (docs/contract.md, "Outcomes" and "Release").
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 from collections.abc import Callable
@@ -78,6 +79,7 @@ def build_mcp_server(*, sessions: Sessions, principal_of: PrincipalOf) -> MCPSer
     handlers, level = list(root.handlers), root.level
     server = MCPServer(
         name="taskhook",
+        version=importlib.metadata.version("taskhook"),
         instructions="Create tasks idempotently with create_task and a stable external_id.",
     )
     root.handlers[:] = handlers

@@ -39,4 +39,19 @@ class WorkspaceMisconfigured(TaskStoreError):
 
 
 class InvalidRelease(TaskStoreError, ValueError):
-    """A release without an operator or a reason: the audit row needs both."""
+    """A release without an operator or a reason, or with one the audit row
+    cannot keep as given (too long, control characters)."""
+
+
+class HolderChanged(TaskStoreError):
+    """A release named the holder it expected, and another task holds the
+    identity now: nothing was released."""
+
+    def __init__(self, expected_task_id: int, current_task_id: int, identifier: str) -> None:
+        super().__init__(
+            f"the identity is held by task {identifier} (id {current_task_id}), not by the "
+            f"expected task {expected_task_id}; nothing was released"
+        )
+        self.expected_task_id = expected_task_id
+        self.current_task_id = current_task_id
+        self.identifier = identifier

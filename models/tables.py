@@ -166,7 +166,12 @@ class IdentityRelease(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
     external_id: Mapped[str] = mapped_column(ExternalIdText)
+    #: The task released: the holder when the release ran.
     task_id: Mapped[int] = mapped_column(Integer)
+    #: The holder the operator was shown and meant to release, when the
+    #: request named one (the CLI always does): equal to ``task_id``, since a
+    #: release whose holder changed releases nothing.
+    expected_task_id: Mapped[int | None] = mapped_column(Integer)
     operator: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str] = mapped_column(Text)
     released_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -11,6 +11,7 @@ leaves the commit to the caller's unit of work.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from models.access import Caller
 from models.errors import (
+    HolderChanged,
     InvalidRelease,
     InvalidTask,
     TaskNotFound,
@@ -437,31 +439,86 @@ def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     session.flush()
 
 
+#: The longest reason and operator name an audit row keeps.
+MAX_RELEASE_REASON_LENGTH = 1000
+MAX_OPERATOR_LENGTH = 200
+_AUDIT_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def clean_release_text(value: object, *, what: str, missing: str, limit: int) -> str:
+    """``value`` as an audit row keeps it: one line of text, trimmed, not
+    empty (``missing`` says so), at most ``limit`` characters. Raises
+    :class:`InvalidRelease` saying which rule it breaks; every release surface calls it, so a
+    100,000-character reason or one with a terminal escape is refused
+    everywhere, not stored raw."""
+    if value is None:
+        raise InvalidRelease(missing)
+    if not isinstance(value, str):
+        raise InvalidRelease(f"{what} must be text")
+    text = value.strip()
+    if not text:
+        raise InvalidRelease(missing)
+    control = _AUDIT_CONTROL_CHARACTER.search(text)
+    if control:
+        raise InvalidRelease(
+            f"{what} must be one line without control characters "
+            f"(U+{ord(control.group()):04X} at position {control.start()})"
+        )
+    if len(text) > limit:
+        raise InvalidRelease(f"{what} must be at most {limit} characters (got {len(text)})")
+    return text
+
+
 def release_external_id(
-    *, session: Session, workspace_id: int, external_id: object, operator: str, reason: str
+    *,
+    session: Session,
+    workspace_id: int,
+    external_id: object,
+    operator: str,
+    reason: str,
+    expected_task_id: int | None = None,
 ) -> IdentityRelease:
     """Free an identity without deleting its task: an operator's decision, audited.
 
     Sets ``external_id`` and ``external_id_settled_at`` to NULL on the holder,
-    writes the audit row, and changes nothing else. Raises
-    :class:`InvalidExternalId`, :class:`InvalidRelease` (no operator or reason),
-    or :class:`TaskNotFound` when no task holds the identity.
+    writes the audit row, and changes nothing else. With ``expected_task_id``
+    (the holder the operator was shown), only that task is released: the
+    check and the release are one UPDATE, so a task that claimed the identity
+    since is never freed by a request that waited in a queue
+    (docs/contract.md, "Where taskhook extends the basic contract").
+
+    Raises :class:`InvalidExternalId`, :class:`InvalidRelease` (no operator
+    or reason, or one the audit cannot keep), :class:`TaskNotFound` when no
+    task holds the identity, or :class:`HolderChanged` when another task
+    than the expected one holds it.
     """
     normalized = _required_external_id(external_id)
-    operator, reason = (operator or "").strip(), (reason or "").strip()
-    if not operator:
-        raise InvalidRelease("a release must name its operator")
-    if not reason:
-        raise InvalidRelease("a release must give a reason")
+    operator = clean_release_text(
+        operator,
+        what="the operator",
+        missing="a release must name its operator",
+        limit=MAX_OPERATOR_LENGTH,
+    )
+    reason = clean_release_text(
+        reason,
+        what="the reason",
+        missing="a release must give a reason",
+        limit=MAX_RELEASE_REASON_LENGTH,
+    )
+    held = [Task.workspace_id == workspace_id, Task.external_id == normalized]
+    predicate = held if expected_task_id is None else [*held, Task.id == expected_task_id]
     task_id = session.execute(
         update(Task)
-        .where(Task.workspace_id == workspace_id, Task.external_id == normalized)
+        .where(*predicate)
         .values(external_id=None, external_id_settled_at=None)
         .returning(Task.id)
         .execution_options(synchronize_session=False)
     ).scalar_one_or_none()
     if task_id is None:
-        raise TaskNotFound()
+        holder = _holder_of(session, workspace_id, normalized)
+        if holder is None:
+            raise TaskNotFound()
+        raise HolderChanged(expected_task_id, holder.id, holder.identifier)
     released = session.get(Task, task_id, populate_existing=True)
     # The row is locked by the UPDATE, so no settlement can commit meanwhile.
     append_created_if_missing(session=session, task=released, external_id=normalized)
@@ -472,6 +529,7 @@ def release_external_id(
         workspace_id=workspace_id,
         external_id=normalized,
         task_id=task_id,
+        expected_task_id=expected_task_id,
         operator=operator,
         reason=reason,
     )

@@ -17,7 +17,7 @@ from celery import shared_task
 from sqlalchemy.orm import Session
 
 from models.db import session_scope
-from models.errors import InvalidRelease, TaskNotFound
+from models.errors import HolderChanged, InvalidRelease, TaskNotFound
 from models.external_id import InvalidExternalId
 from models.messages import RELEASE_IDENTITY
 from models.tables import Task
@@ -26,17 +26,29 @@ from worker import runtime
 
 
 def release_identity(
-    *, session: Session, workspace_id: object, external_id: object, operator: object, reason: object
+    *,
+    session: Session,
+    workspace_id: object,
+    external_id: object,
+    operator: object,
+    reason: object,
+    expected_task_id: object = None,
 ) -> dict[str, Any]:
     """Release the identity and write its audit row, in the caller's unit of work.
 
     Returns a JSON-able answer either way: ``{"released": true, ...}`` with the
     task and the audit row, or ``{"released": false, "error": ...}`` for a
     caller's mistake (no operator or reason, an invalid external id, nothing
-    holding it). Database failures raise: they are not the caller's mistake.
+    holding it, or -- with ``expected_task_id`` -- another task holding it,
+    answered with ``"holder_changed": true`` and the current holder).
+    Database failures raise: they are not the caller's mistake.
     """
     if isinstance(workspace_id, bool) or not isinstance(workspace_id, int):
         return _refused("workspace_id must be an integer")
+    if expected_task_id is not None and (
+        isinstance(expected_task_id, bool) or not isinstance(expected_task_id, int)
+    ):
+        return _refused("expected_task_id must be an integer")
     for name, value in (("operator", operator), ("reason", reason)):
         if value is not None and not isinstance(value, str):
             return _refused(f"{name} must be text")
@@ -47,9 +59,17 @@ def release_identity(
             external_id=external_id,
             operator=operator or "",
             reason=reason or "",
+            expected_task_id=expected_task_id,
         )
     except (InvalidRelease, InvalidExternalId) as error:
         return _refused(str(error))
+    except HolderChanged as error:
+        return _refused(
+            str(error),
+            holder_changed=True,
+            current_task_id=error.current_task_id,
+            current_identifier=error.identifier,
+        )
     except TaskNotFound:
         return _refused(f"no task in workspace {workspace_id} holds external id {external_id!r}")
     task = session.get(Task, audit.task_id)
@@ -58,6 +78,7 @@ def release_identity(
         "workspace_id": audit.workspace_id,
         "external_id": audit.external_id,
         "task_id": audit.task_id,
+        "expected_task_id": audit.expected_task_id,
         "identifier": task.identifier if task is not None else None,
         "audit_id": audit.id,
         "operator": audit.operator,
@@ -66,15 +87,21 @@ def release_identity(
     }
 
 
-def _refused(error: str) -> dict[str, Any]:
-    return {"released": False, "error": error}
+def _refused(error: str, **details: Any) -> dict[str, Any]:
+    return {"released": False, "error": error, **details}
 
 
 @shared_task(name=RELEASE_IDENTITY, ignore_result=False)
 def release_identity_task(
-    workspace_id: int, external_id: str, operator: str, reason: str
+    workspace_id: int,
+    external_id: str,
+    operator: str,
+    reason: str,
+    expected_task_id: int | None = None,
 ) -> dict[str, Any]:
-    """RELEASE_IDENTITY(workspace_id, external_id, operator, reason) on the operator queue."""
+    """RELEASE_IDENTITY(workspace_id, external_id, operator, reason[, expected_task_id])
+    on the operator queue. The fifth argument is optional, so a message an
+    older CLI queued (four arguments) still runs."""
     with session_scope(runtime.sessions()) as session:
         return release_identity(
             session=session,
@@ -82,4 +109,5 @@ def release_identity_task(
             external_id=external_id,
             operator=operator,
             reason=reason,
+            expected_task_id=expected_task_id,
         )

@@ -4,6 +4,7 @@ uvicorn serving the ingress), on a SQLite store."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -127,6 +128,8 @@ def error_of(call) -> str:
 
 
 async def check_the_whole_contract(client: Client, store: Store) -> None:
+    assert client.server_info.name == "taskhook"
+    assert client.server_info.version == importlib.metadata.version("taskhook")
     tools = (await client.list_tools()).tools
     assert [tool.name for tool in tools] == ["create_task"]  # no lookup, no release
     described = tools[0].description

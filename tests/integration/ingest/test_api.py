@@ -41,8 +41,10 @@ class Api:
             headers=self.as_(who),
         )
 
-    def release(self, external_id, who="acme-operator", reason="abandoned", workspace=None):
-        params = {"external_id": external_id, "reason": reason}
+    def release(
+        self, external_id, who="acme-operator", reason="abandoned", workspace=None, expected=None
+    ):
+        params = {"external_id": external_id, "reason": reason, "expected_task_id": expected}
         return self.client.delete(
             f"/api/v1/workspaces/{workspace or self.acme}/tasks/by-external-id",
             params={k: v for k, v in params.items() if v is not None},
@@ -269,13 +271,53 @@ def test_release_by_an_operator_frees_the_identity_and_is_audited(api: Api):
     assert again.json()["id"] != first["id"]
 
 
-def test_release_answers_404_400_as_the_seed_says(api: Api):
+def test_release_answers_404_and_400_as_the_contract_says(api: Api):
     assert api.release("jira:PROJ-404").status_code == 404
     assert api.release("bad\n").status_code == 400
     api.create(external_id="jira:PROJ-1")
     assert api.release("jira:PROJ-1", reason=None).status_code == 400
     assert api.release("jira:PROJ-1", reason="  ").status_code == 400
     assert api.store.scalar("SELECT count(*) FROM identity_releases") == 0
+
+
+def test_a_reason_the_audit_cannot_keep_as_given_is_400_and_nothing_is_released(api: Api):
+    api.create(external_id="jira:PROJ-1")
+    for reason, why in [
+        ("x" * 5_000, "at most 1000 characters"),
+        ("line one\nline two", "control characters"),
+        ("bell \x07", "control characters"),
+        ("csi \x9b2J", "control characters"),
+    ]:
+        response = api.release("jira:PROJ-1", reason=reason)
+        assert response.status_code == 400, reason[:20]
+        assert why in response.json()["error"]
+    assert api.store.scalar("SELECT count(*) FROM identity_releases") == 0
+    assert api.lookup("jira:PROJ-1").status_code == 200
+
+
+def test_a_release_naming_a_holder_that_changed_is_409_naming_the_holder(api: Api):
+    first = api.create(external_id="jira:PROJ-1").json()
+    api.client.delete(f"/api/v1/tasks/{first['id']}", headers=api.as_("acme-member"))
+    second = api.create(external_id="jira:PROJ-1").json()  # the identity's new holder
+
+    response = api.release("jira:PROJ-1", expected=first["id"])
+
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert f"held by task {second['identifier']} (id {second['id']})" in error
+    assert "nothing was released" in error
+    assert api.lookup("jira:PROJ-1").json()["id"] == second["id"]
+    assert api.store.scalar("SELECT count(*) FROM identity_releases") == 0
+
+
+def test_a_release_naming_the_holder_releases_it_and_the_audit_keeps_both_ids(api: Api):
+    task = api.create(external_id="jira:PROJ-1").json()
+
+    assert api.release("jira:PROJ-1", expected=task["id"]).status_code == 204
+
+    audit = api.store.scalar("SELECT task_id || '/' || expected_task_id FROM identity_releases")
+    assert audit == f"{task['id']}/{task['id']}"
+    assert api.release("jira:PROJ-1", expected=0).status_code == 400  # not an id
 
 
 # --- plain task routes and two tenants --------------------------------------------------------
@@ -357,6 +399,19 @@ def test_the_openapi_document_describes_every_route_and_the_narrow_meanings(api:
         "/api/v1/workspaces/{workspace_id}/tasks",
         "/api/v1/workspaces/{workspace_id}/tasks/by-external-id",
     } <= set(spec["paths"])
+    by_external_id = spec["paths"]["/api/v1/workspaces/{workspace_id}/tasks/by-external-id"]
+
+    def required(method: str) -> dict[str, bool]:
+        return {
+            parameter["name"]: parameter.get("required", False)
+            for parameter in by_external_id[method]["parameters"]
+            if parameter["in"] == "query"
+        }
+
+    # What the server answers 400 without is required in the document too.
+    assert required("get") == {"external_id": True}
+    assert required("delete") == {"external_id": True, "reason": True, "expected_task_id": False}
+    assert "409" in by_external_id["delete"]["responses"]
     created = spec["components"]["schemas"]["CreatedTask"]["properties"]
     assert "does not mean the task is done" in created["creation_complete"]["description"]
     assert "created nothing" in created["deduplicated"]["description"]

@@ -12,6 +12,7 @@ from celery import Celery
 import worker.operator
 import worker.processing
 import worker.tasks
+from models.db import session_scope
 from models.messages import (
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
@@ -21,7 +22,8 @@ from models.messages import (
     SWEEP,
 )
 from models.settings import Settings
-from tests.conftest import Store
+from models.tasks import delete_task
+from tests.conftest import TRUSTED, Store
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
 from worker import runtime
 from worker.celery_app import make_celery_app
@@ -199,6 +201,44 @@ def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, stor
     assert delivery(store.sessions, pk).status == "done"  # the inbox is left alone
 
 
+def test_a_queued_release_frees_only_the_holder_the_operator_saw(eager: Celery, store: Store):
+    feed = make_feed(store.sessions)
+    first = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    eager.tasks[PROCESS_DELIVERY].apply(args=[first]).get()
+    (shown,) = tasks_of(store.sessions, feed.workspace_id)
+    # While the request waits in the operator queue: the task shown is
+    # deleted, and a new delivery for the issue makes a new holder.
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=shown.id)
+    second = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    eager.tasks[PROCESS_DELIVERY].apply(args=[second]).get()
+    (holder,) = tasks_of(store.sessions, feed.workspace_id)
+
+    answer = (
+        eager.tasks[RELEASE_IDENTITY]
+        .apply(args=[feed.workspace_id, "jira:TES-41", "alice", "abandoned", shown.id])
+        .get()
+    )
+
+    assert answer["released"] is False and answer["holder_changed"] is True
+    assert (answer["current_task_id"], answer["current_identifier"]) == (holder.id, "ACME-2")
+    assert "nothing was released" in answer["error"]
+    (still,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (still.id, still.external_id) == (holder.id, "jira:TES-41")
+    assert store.scalar("SELECT count(*) FROM identity_releases") == 0
+
+    matching = (
+        eager.tasks[RELEASE_IDENTITY]
+        .apply(args=[feed.workspace_id, "jira:TES-41", "alice", "abandoned", holder.id])
+        .get()
+    )
+    assert matching["released"] is True
+    assert (matching["task_id"], matching["expected_task_id"]) == (holder.id, holder.id)
+    assert store.scalar("SELECT task_id || '/' || expected_task_id FROM identity_releases") == (
+        f"{holder.id}/{holder.id}"
+    )
+
+
 @pytest.mark.parametrize(
     ("arguments", "error"),
     [
@@ -210,6 +250,9 @@ def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, stor
         ((1, "jira:TES-41", None, None), "must name its operator"),
         (("1", "jira:TES-41", "alice", "why"), "workspace_id must be an integer"),
         ((1, "jira:TES-41", "alice", 7), "reason must be text"),
+        ((1, "jira:TES-41", "alice", "r" * 1001), "at most 1000 characters"),
+        ((1, "jira:TES-41", "alice", "one\ntwo"), "control characters"),
+        ((1, "jira:TES-41", "alice", "why", "7"), "expected_task_id must be an integer"),
     ],
 )
 def test_a_release_mistake_is_answered_never_raised(eager: Celery, store: Store, arguments, error):
