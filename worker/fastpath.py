@@ -206,7 +206,8 @@ class Settlement(enum.Enum):
     FINISHED = "finished"
     #: Settled, but the lease was taken over: the newer attempt records the delivery.
     TAKEN_OVER = "taken_over"
-    #: Nothing settled (the task was deleted or its identity released meanwhile).
+    #: Nothing settled: the task was deleted or its identity released meanwhile,
+    #: or a concurrent completion of the same create settled it first.
     NOT_SETTLED = "not_settled"
 
 

@@ -546,10 +546,11 @@ def _finish_own_create(
     *,
     reason: str | None,
 ) -> Processed:
-    """Steps 6-8 for a task this delivery inserted and nobody settled yet: an
-    earlier attempt's, or this attempt's when the fast path's settlement found
-    the task deleted or its identity released. ``task`` carries the identity
-    it was inserted with."""
+    """Steps 6-8 for a task this delivery inserted: an earlier attempt's, or
+    this attempt's when the fast path's settlement matched no row (the task
+    deleted, its identity released, or the settlement done by a concurrent
+    completion of the same create); the re-read tells which. ``task``
+    carries the identity it was inserted with."""
     task_id, identifier, external_id = task.id, task.identifier, task.external_id
     try:
         completed = complete_creation(session=session, task=task, source=source)
