@@ -186,6 +186,9 @@ class DeliveryDetail:
     headers: dict[str, str]
     payload_mismatches: int
     workspace: str
+    #: The external id the delivery names, as the ingress read it; else the one
+    #: its task holds now (rows stored before the ingress kept it).
+    external_id: str | None = None
 
 
 def _summary_query():
@@ -245,13 +248,13 @@ def list_deliveries(
 def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
     row = session.execute(
         _summary_query()
-        .add_columns(Workspace.slug)
+        .add_columns(Workspace.slug, Task.external_id)
         .join(Workspace, Workspace.id == WebhookSource.workspace_id)
         .where(Delivery.id == delivery_pk)
     ).one_or_none()
     if row is None:
         raise DeliveryNotFound(delivery_pk)
-    delivery, source, provider, identifier, workspace = row
+    delivery, source, provider, identifier, workspace, held = row
     return DeliveryDetail(
         summary=_summary(delivery, source, provider, identifier),
         hook_id=delivery.hook_id,
@@ -262,6 +265,7 @@ def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
         headers=shown_headers(delivery.headers or {}),
         payload_mismatches=delivery.payload_mismatches,
         workspace=workspace,
+        external_id=delivery.external_id or held,
     )
 
 
@@ -490,6 +494,19 @@ def _task_view(task: Task, source_url: str | None) -> TaskView:
         created_by_delivery=task.created_by_delivery,
         source_url=source_url,
     )
+
+
+def task_named(*, session: Session, workspace_slug: str, identifier: str) -> TaskView | None:
+    """The task whose identifier (``ACME-12``) is ``identifier`` in the workspace,
+    or None; for an operator who has an identifier where an external id is asked.
+    Raises :class:`WorkspaceNotAccessible`."""
+    workspace = get_workspace(session=session, slug=workspace_slug)
+    task = session.scalar(
+        select(Task).where(Task.workspace_id == workspace.id, Task.identifier == identifier)
+    )
+    if task is None:
+        return None
+    return _task_view(task, _source_urls(session, [task.id]).get(task.id))
 
 
 def timeline(found: Lineage) -> list[LineageEvent]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ from tests.integration.test_reports import (
 )
 from worker import cli as cli_module
 from worker.cli import EXIT_NO_ANSWER, cli
+from worker.operator import release_identity as operator_release
 
 PUBLIC_URL = "https://hooks.example.com"
 RELEASE = ("release", "--workspace", "acme", EXTERNAL_ID)
@@ -71,6 +73,13 @@ def refused(result: Result, exit_code: int = 1) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def usage_error(result: Result) -> str:
+    """The error line of a usage error: exit 2, click's usage, then one line."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.stderr
+    return result.stderr.strip().splitlines()[-1]
 
 
 def as_json(result: Result) -> Any:
@@ -117,26 +126,21 @@ def celery(monkeypatch: pytest.MonkeyPatch) -> FakeApp:
 
 
 def operator_worker(store: Store) -> Callable[..., dict[str, Any]]:
-    """What the operator task does: release through the service, answer a dict."""
+    """What the operator task does with the message's arguments: the operator
+    worker's own function, in one unit of work on the store."""
 
-    def release_identity(workspace_id, external_id, operator, reason):
+    def release_identity_task(workspace_id, external_id, operator, reason, expected_task_id=None):
         with session_scope(store.sessions) as session:
-            audit = release_external_id(
+            return operator_release(
                 session=session,
                 workspace_id=workspace_id,
                 external_id=external_id,
                 operator=operator,
                 reason=reason,
+                expected_task_id=expected_task_id,
             )
-            return {
-                "released": True,
-                "task_id": audit.task_id,
-                "identifier": session.get(Task, audit.task_id).identifier,
-                "external_id": audit.external_id,
-                "audit_id": audit.id,
-            }
 
-    return release_identity
+    return release_identity_task
 
 
 def held_by(store: Store, external_id: str = EXTERNAL_ID) -> object:
@@ -561,6 +565,61 @@ def test_task_lookup_refuses_what_it_cannot_find_in_one_line(store: Store):
     assert "at most 255 bytes" in too_long
 
 
+def test_task_lookup_and_explain_take_a_task_identifier_too(store: Store):
+    task_id, first, second = a_settled_task(store)
+
+    shown = taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1")
+    document = as_json(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1", "--json"))
+    explained = as_json(taskhook(store, "explain", "--workspace", "acme", "ACME-1", "--json"))
+
+    assert shown.exit_code == 0, shown.output
+    assert "ACME-1  Login page is blank" in shown.stdout
+    assert f"external id  {EXTERNAL_ID}" in shown.stdout
+    assert (document["external_id"], document["task"]["id"]) == (EXTERNAL_ID, task_id)
+    assert [d["id"] for d in document["deliveries"]] == [first, second]
+    assert (explained["external_id"], explained["holder"]["id"]) == (EXTERNAL_ID, task_id)
+
+
+def test_an_external_id_wins_over_a_task_identifier_of_the_same_name(store: Store):
+    a_settled_task(store)  # ACME-1 holds EXTERNAL_ID
+    with session_scope(store.sessions) as session:
+        create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=store.scalar("SELECT id FROM workspaces"),
+            new=NewTask(title="Named like a task", external_id="ACME-1"),
+        )
+
+    document = as_json(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1", "--json"))
+
+    assert (document["external_id"], document["task"]["identifier"]) == ("ACME-1", "ACME-2")
+
+
+def test_task_lookup_says_what_to_pass_when_an_identifier_names_no_identity(store: Store):
+    workspace_id, *_ = an_unfinished_create(store)
+    with session_scope(store.sessions) as session:
+        release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=EXTERNAL_ID,
+            operator="alice",
+            reason="worker died",
+        )
+
+    released = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1"))
+    unknown = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-9"))
+
+    assert released == (
+        "Error: task ACME-1 holds no external id (it was released, or created without one): "
+        "pass the external id itself, e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12'"
+    )
+    assert unknown == (
+        "Error: no task in workspace acme holds external id 'ACME-9', and no task there is "
+        "named ACME-9: pass an external id, e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12', "
+        "or a task identifier"
+    )
+
+
 def test_task_lookup_of_a_released_identity_points_at_explain(store: Store):
     workspace_id, *_ = an_unfinished_create(store)
     with session_scope(store.sessions) as session:
@@ -623,10 +682,16 @@ def test_release_sends_the_operator_task_and_prints_what_was_released(store: Sto
     )
 
     assert result.exit_code == 0, result.output
+    # The fifth argument is the holder it showed: only that task may be released.
     assert celery.sent == [
-        (RELEASE_IDENTITY, [workspace_id, EXTERNAL_ID, "alice", "worker died"], OPERATOR_QUEUE)
+        (
+            RELEASE_IDENTITY,
+            [workspace_id, EXTERNAL_ID, "alice", "worker died", task_id],
+            OPERATOR_QUEUE,
+        )
     ]
-    assert celery.results[0].waited == 7
+    # --timeout bounds the whole command: what sending took is not waited again.
+    assert 6 < celery.results[0].waited <= 7
     assert f"Released '{EXTERNAL_ID}' from ACME-1 (task {task_id})" in result.stdout
     assert f"taskhook deliveries replay {parked}" in result.stdout
     assert held_by(store) is None
@@ -736,6 +801,136 @@ def test_release_needs_a_reason_and_rejects_an_invalid_external_id(store: Store,
     assert celery.sent == []
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--reason", "x" * 100_000, "the reason must be at most 1000 characters (got 100000)"),
+        (
+            "--reason",
+            "worker died\x1b[2J",
+            "the reason must be one line without control characters (U+001B at position 11)",
+        ),
+        ("--reason", "line one\nline two", "(U+000A at position 8)"),
+        ("--operator", "o" * 201, "the operator must be at most 200 characters (got 201)"),
+        ("--operator", "al\x07ice", "the operator must be one line without control characters"),
+    ],
+)
+def test_release_refuses_what_the_audit_cannot_keep_before_showing_anything(
+    store: Store, celery, option, value, says
+):
+    an_unfinished_create(store)
+    given = {"--reason": "worker died", "--operator": "alice"} | {option: value}
+
+    result = taskhook(store, *RELEASE, *(part for pair in given.items() for part in pair), "--yes")
+
+    line = usage_error(result)
+    assert line.startswith(f"Error: Invalid value for '{option}': ")
+    assert says in line
+    assert result.stdout == ""
+    assert celery.sent == []
+    assert held_by(store) == "ACME-1"
+
+
+def test_release_sends_the_reason_and_operator_as_the_audit_keeps_them(store: Store, celery):
+    an_unfinished_create(store)
+    celery.answer = operator_worker(store)
+
+    taskhook(store, *RELEASE, "--reason", "  worker died  ", "--operator", " alice ", "--yes")
+
+    assert celery.sent[0][1][2:4] == ["alice", "worker died"]
+    assert store.scalar("SELECT reason FROM identity_releases") == "worker died"
+
+
+def test_release_without_a_terminal_says_to_pass_yes(store: Store, celery):
+    an_unfinished_create(store)
+
+    # No input: the prompt meets the end of a stdin that is not a terminal.
+    line = usage_error(taskhook(store, *RELEASE, "--reason", "worker died"))
+
+    assert line == (
+        "Error: 'Release it?' got no answer (stdin is not a terminal): "
+        "pass --yes to release without asking"
+    )
+    assert celery.sent == []
+    assert held_by(store) == "ACME-1"
+
+
+def test_release_frees_only_the_holder_it_showed(store: Store, celery):
+    workspace_id, task_id, _, _ = an_unfinished_create(store)
+    operator = operator_worker(store)
+
+    def another_task_took_the_identity_meanwhile(*args):
+        # While the request waited in the queue: released by someone else,
+        # and a new create made ACME-2 with the same external id.
+        with session_scope(store.sessions) as session:
+            release_external_id(
+                session=session,
+                workspace_id=workspace_id,
+                external_id=EXTERNAL_ID,
+                operator="bob",
+                reason="bob's release",
+            )
+        with session_scope(store.sessions) as session:
+            create_task(
+                session=session,
+                caller=TRUSTED,
+                workspace_id=workspace_id,
+                new=NewTask(title="Login page is blank", external_id=EXTERNAL_ID),
+            )
+        return operator(*args)
+
+    celery.answer = another_task_took_the_identity_meanwhile
+    line = refused(taskhook(store, *RELEASE, "--reason", "worker died", "--yes"))
+
+    assert celery.sent[0][1][4] == task_id
+    assert line == (
+        f"Error: not released: the identity is held by task ACME-2 (id {task_id + 1}), not by "
+        f"the expected task {task_id}; nothing was released. Look again before anything else: "
+        f"taskhook task lookup --workspace acme '{EXTERNAL_ID}'"
+    )
+    assert held_by(store) == "ACME-2"
+    assert store.scalar("SELECT count(*) FROM identity_releases") == 1
+
+
+@contextmanager
+def a_broker_that_is_down(how: str) -> Iterator[str]:
+    """A Redis URL nothing answers at: a closed port, or a port whose listener
+    never accepts (a frozen server: connections hang instead of failing)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if how == "frozen":
+            listener.listen(64)
+            yield f"redis://127.0.0.1:{port}/0"
+            return
+    yield f"redis://127.0.0.1:{port}/0"  # closed: nothing listens on the port any more
+
+
+@pytest.mark.parametrize("how", ["closed", "frozen"])
+def test_release_with_the_broker_down_ends_within_its_timeout(store: Store, how):
+    an_unfinished_create(store)
+    timeout = 3.0
+
+    with a_broker_that_is_down(how) as broker_url:
+        started = time.monotonic()
+        result = subprocess.run(
+            [str(BIN / "taskhook"), *RELEASE, "--reason", "r", "--yes", "--timeout", str(timeout)],
+            cwd=ROOT,
+            env=process_env(store) | {"TASKHOOK_BROKER_URL": broker_url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        took = time.monotonic() - started
+
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"Error: cannot reach the broker at {broker_url}: ")
+    assert "nothing was released" in result.stderr
+    # The process's own start (about a second) is the only margin.
+    assert took < timeout + 2.5, f"took {took:.1f}s"
+    assert held_by(store) == "ACME-1"
+
+
 # --- deliveries -------------------------------------------------------------------------------
 
 
@@ -787,6 +982,61 @@ def test_deliveries_show_never_shows_a_signature(store: Store):
     assert document["summary"]["delivery_id"] == "d-1"
     assert refused(taskhook(store, "deliveries", "show", "999")) == "Error: delivery 999 not found"
     assert taskhook(store, "deliveries", "show", "one").exit_code == 2
+
+
+def test_deliveries_list_shows_why_a_delivery_is_dead(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    unsupported = a_delivery(store, source_id, "d-1")
+    settle_as(store, unsupported, DeliveryStatus.DEAD, reason="unsupported payload: no issue")
+    crashed = a_delivery(store, source_id, "d-2")
+    settle_as(
+        store,
+        crashed,
+        DeliveryStatus.DEAD,
+        reason="database errors, 3 retries spent",
+        error="OperationalError: gone",
+    )
+
+    rows = {
+        line.split()[0]: line
+        for line in taskhook(store, "deliveries", "list", "--status", "dead").stdout.splitlines()
+    }
+
+    assert "unsupported payload: no issue" in rows[str(unsupported)]
+    assert "database errors, 3 retries spent; OperationalError: gone" in rows[str(crashed)]
+
+
+def test_deliveries_show_names_the_external_id_of_its_task(store: Store):
+    task_id, first, _ = a_settled_task(store)
+
+    shown = taskhook(store, "deliveries", "show", str(first)).stdout
+    document = as_json(taskhook(store, "deliveries", "show", str(first), "--json"))
+
+    assert f"external id   {EXTERNAL_ID}" in shown
+    assert "task          ACME-1" in shown
+    assert document["external_id"] == EXTERNAL_ID
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("deliveries", "show", "{id}"),
+        ("deliveries", "replay", "{id}"),
+        ("deliveries", "list", "--before", "{id}"),
+        ("token", "revoke", "{id}"),
+    ],
+)
+# 2**31 fits SQLite's keys but not PostgreSQL's INTEGER; 2**63 fits neither.
+@pytest.mark.parametrize("number", ["0", str(2**31), str(2**63), "99999999999999999999"])
+def test_an_id_no_row_can_have_is_a_usage_error(store: Store, celery, command, number):
+    source_id = a_source(store, store.workspace().id)
+    settle_as(store, a_delivery(store, source_id, "d-1"), DeliveryStatus.DEAD, error="x")
+
+    line = usage_error(taskhook(store, *(part.format(id=number) for part in command)))
+
+    assert line.startswith("Error: Invalid value for ")
+    assert f"{number} is not in the range 1<=x<=2147483647" in line
+    assert celery.sent == []
 
 
 def test_replay_commits_then_sends_the_delivery_to_the_worker(store: Store, celery):
@@ -855,7 +1105,7 @@ def test_stats_for_people_and_for_scripts(store: Store):
 # --- the real round trip: taskhook processes, Redis, a Celery operator worker ------------------
 
 #: This module's own Redis database (FLUSHDB before and after, never FLUSHALL).
-REDIS_URL = "redis://127.0.0.1:6379/14"
+REDIS_URL = os.environ.get("TASKHOOK_TEST_CLI_REDIS_URL", "redis://127.0.0.1:6379/14")
 BIN = Path(sys.executable).parent
 
 

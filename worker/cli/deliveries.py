@@ -28,7 +28,15 @@ from worker.cli.output import (
     print_fields,
     print_table,
 )
+from worker.cli.params import DATABASE_ID
 from worker.cli.runtime import Runtime, first_line, pass_runtime
+
+
+def _reason(delivery: DeliverySummary) -> str | None:
+    """Why the delivery is in its state; for a dead one, also the error it died of."""
+    if delivery.status != DeliveryStatus.DEAD:
+        return delivery.status_reason
+    return "; ".join(part for part in (delivery.status_reason, delivery.last_error) if part) or None
 
 
 def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> None:
@@ -44,7 +52,7 @@ def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> No
                 d.attempts,
                 d.outcome,
                 d.task_identifier or d.task_id,
-                d.last_error if d.status == DeliveryStatus.DEAD else d.status_reason,
+                _reason(d),
             )
             for d in deliveries
         ),
@@ -65,7 +73,7 @@ def deliveries() -> None:
     help="Only deliveries in this state.",
 )
 @click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True)
-@click.option("--before", type=click.IntRange(min=1), default=None, help="Page: ids below this.")
+@click.option("--before", type=DATABASE_ID, default=None, help="Page: ids below this.")
 @json_option
 @pass_runtime
 def deliveries_list(
@@ -84,7 +92,7 @@ def deliveries_list(
 
 
 @deliveries.command("show")
-@click.argument("delivery", type=int, metavar="ID")
+@click.argument("delivery", type=DATABASE_ID, metavar="ID")
 @json_option
 @pass_runtime
 def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
@@ -104,6 +112,7 @@ def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
             ("reason", d.status_reason),
             ("attempts", d.attempts),
             ("outcome", d.outcome),
+            ("external id", detail.external_id),
             ("task", d.task_identifier or d.task_id),
             ("last error", d.last_error),
             ("received", d.received_at),
@@ -121,7 +130,7 @@ def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
 
 
 @deliveries.command("replay")
-@click.argument("delivery", type=int, metavar="ID")
+@click.argument("delivery", type=DATABASE_ID, metavar="ID")
 @json_option
 @pass_runtime
 def deliveries_replay(runtime: Runtime, delivery: int, as_json: bool) -> None:

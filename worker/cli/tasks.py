@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
+import re
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -12,14 +19,16 @@ import click
 
 from models.inbox import DeliveryStatus
 from models.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
-from models.reports import Lineage, TaskView, lineage, timeline
+from models.reports import Lineage, TaskView, lineage, task_named, timeline
 from models.tables import utcnow
+from models.tasks import MAX_OPERATOR_LENGTH, MAX_RELEASE_REASON_LENGTH, clean_release_text
 
 # The package itself, for the load_celery_app hook: looked up at call time, so
 # that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
 from worker import cli as cli_package
 from worker.cli.deliveries import print_deliveries
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
+from worker.cli.params import checked_by
 from worker.cli.runtime import NoAnswer, Refused, Runtime, first_line, pass_runtime, redacted
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
@@ -99,6 +108,35 @@ def _lineage(runtime: Runtime, workspace_slug: str, external_id: str) -> Lineage
         return lineage(session=session, workspace_slug=workspace_slug, external_id=external_id)
 
 
+#: The shape of a task identifier (``ACME-12``: a workspace's prefix, a dash, a number).
+_TASK_IDENTIFIER = re.compile(r"[A-Z][A-Z0-9]*-[0-9]+")
+_EXAMPLES = "e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12'"
+
+
+def _lineage_by_either(
+    runtime: Runtime, workspace_slug: str, given: str, *, found_it: Callable[[Lineage], bool]
+) -> Lineage:
+    """The lineage of ``given`` as an external id; when that finds nothing and
+    ``given`` is a task's identifier (``ACME-12``), the lineage of the external
+    id that task holds. An external id always wins over an identifier."""
+    found = _lineage(runtime, workspace_slug, given)
+    if found_it(found) or not _TASK_IDENTIFIER.fullmatch(given):
+        return found
+    with runtime.session() as session:
+        named = task_named(session=session, workspace_slug=workspace_slug, identifier=given)
+    if named is None:
+        raise Refused(
+            f"no task in workspace {found.workspace} holds external id {given!r}, and no task "
+            f"there is named {given}: pass an external id, {_EXAMPLES}, or a task identifier"
+        )
+    if named.external_id is None:
+        raise Refused(
+            f"task {given} holds no external id (it was released, or created without one): "
+            f"pass the external id itself, {_EXAMPLES}"
+        )
+    return _lineage(runtime, workspace_slug, named.external_id)
+
+
 def _nobody_holds(found: Lineage) -> Refused:
     released = (
         f" (released {len(found.releases)} time(s): "
@@ -129,9 +167,12 @@ def task() -> None:
 def task_lookup(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bool) -> None:
     """The task holding EXTERNAL_ID (settled or not) and the deliveries that touched it.
 
-    Put `--` before an EXTERNAL_ID that starts with a dash.
+    EXTERNAL_ID may also be a task identifier (ACME-12) when no task holds it as
+    an external id. Put `--` before an EXTERNAL_ID that starts with a dash.
     """
-    found = _lineage(runtime, workspace_slug, external_id)
+    found = _lineage_by_either(
+        runtime, workspace_slug, external_id, found_it=lambda found: found.holder is not None
+    )
     if found.holder is None:
         raise _nobody_holds(found)
     touched = found.deliveries_of(found.holder.id)
@@ -156,8 +197,14 @@ def task_lookup(runtime: Runtime, workspace_slug: str, external_id: str, as_json
 @json_option
 @pass_runtime
 def explain(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bool) -> None:
-    """The lineage of EXTERNAL_ID, delivery → outcome → task, in time order."""
-    found = _lineage(runtime, workspace_slug, external_id)
+    """The lineage of EXTERNAL_ID, delivery → outcome → task, in time order.
+
+    EXTERNAL_ID may also be a task identifier (ACME-12) when nothing holds or
+    held it as an external id.
+    """
+    found = _lineage_by_either(
+        runtime, workspace_slug, external_id, found_it=lambda found: found.known
+    )
     if not found.known:
         raise Refused(
             f"nothing in workspace {found.workspace} holds or held external id "
@@ -241,18 +288,62 @@ def _release_warning(found: Lineage, holder: TaskView) -> str:
     )
 
 
+#: The audit row's own rules for its text, applied as the options are read, so
+#: that a reason the audit cannot keep is refused before anything is shown.
+_reason = functools.partial(
+    clean_release_text,
+    what="the reason",
+    missing="a release must give a reason",
+    limit=MAX_RELEASE_REASON_LENGTH,
+)
+_operator = functools.partial(
+    clean_release_text,
+    what="the operator",
+    missing="cannot tell who you are; pass --operator",
+    limit=MAX_OPERATOR_LENGTH,
+)
+
+
+def _operator_or_os_user(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    given = value if value is not None else (_default_operator() or "")
+    return checked_by(_operator)(ctx, param, given)
+
+
+def _confirmed(question: str, *, err: bool) -> None:
+    """Ask ``question``; a no aborts. Without a terminal, the end of input
+    means the caller forgot ``--yes``, and the error says so."""
+    try:
+        answer = click.confirm(question, err=err)
+    except click.Abort:  # the end of input, or Ctrl-C
+        if sys.stdin.isatty():
+            raise
+        raise click.UsageError(
+            f"{question!r} got no answer (stdin is not a terminal): "
+            "pass --yes to release without asking"
+        ) from None
+    if not answer:
+        raise click.Abort()
+
+
 @click.command("release")
 @workspace_option
 @click.argument("external_id")
-@click.option("--reason", required=True, help="Why; kept in the audit row.")
-@click.option("--operator", default=None, help="Who releases [the OS user].")
+@click.option(
+    "--reason", required=True, callback=checked_by(_reason), help="Why; kept in the audit row."
+)
+@click.option(
+    "--operator",
+    default=None,
+    callback=_operator_or_os_user,
+    help="Who releases [the OS user].",
+)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_RELEASE_TIMEOUT_SECONDS,
     show_default=True,
-    help="Seconds to wait for the operator worker's answer.",
+    help="Seconds the whole release may take, from sending the request to the answer.",
 )
 @json_option
 @pass_runtime
@@ -261,7 +352,7 @@ def release(
     workspace_slug: str,
     external_id: str,
     reason: str,
-    operator: str | None,
+    operator: str,
     yes: bool,
     timeout: float,
     as_json: bool,
@@ -269,16 +360,9 @@ def release(
     """Free EXTERNAL_ID from its task, through the operator worker, audited.
 
     The one unsafe command: afterwards the next delivery for the item creates
-    a new task. Read docs/runbook.md first.
+    a new task. Read docs/runbook.md first. Only the task shown is released: if
+    another task holds EXTERNAL_ID by the time the request runs, nothing is.
     """
-    if not reason.strip():
-        raise click.BadParameter("a release must give a reason", param_hint="--reason")
-    operator = (operator or _default_operator() or "").strip()
-    if not operator:
-        raise click.BadParameter(
-            "cannot tell who you are; pass --operator", param_hint="--operator"
-        )
-
     found = _lineage(runtime, workspace_slug, external_id)
     holder = found.holder
     if holder is None:
@@ -291,10 +375,14 @@ def release(
     print_fields(_release_preview(found, holder), err=as_json)
     click.echo(_release_warning(found, holder), err=as_json)
     if not yes:
-        click.confirm("Release it?", abort=True, err=as_json)
+        _confirmed("Release it?", err=as_json)
 
-    args = [found.workspace_id, found.external_id, operator, reason]
-    answered, reply = _await_answer(_send_release(runtime, args), timeout)
+    # The holder shown travels with the request: the operator worker releases
+    # it only if it still holds the identity (docs/contract.md, "Release").
+    args = [found.workspace_id, found.external_id, operator, reason, holder.id]
+    deadline = time.monotonic() + timeout
+    pending = _send_release(runtime, args, within=timeout)
+    answered, reply = _await_answer(pending, max(deadline - time.monotonic(), 0.001))
     if not answered:
         raise NoAnswer(
             f"the operator worker did not answer within {timeout:g}s: is taskhook's operator "
@@ -304,6 +392,11 @@ def release(
         )
     if not isinstance(reply, dict):
         raise Refused(f"the operator worker answered something unexpected: {reply!r}")
+    if reply.get("holder_changed"):
+        raise Refused(
+            f"not released: {reply.get('error')}. Look again before anything else: "
+            f"taskhook task lookup --workspace {found.workspace} {shlex.quote(found.external_id)}"
+        )
     if not reply.get("released"):
         raise Refused(f"not released: {reply.get('error') or 'no reason given'}")
     parked = [
@@ -321,16 +414,34 @@ def release(
         click.echo(f"Parked delivery {pk} can go through again: taskhook deliveries replay {pk}")
 
 
-def _send_release(runtime: Runtime, args: list[Any]) -> Any:
-    """Send RELEASE_IDENTITY; the pending result, or a refusal when the broker is down."""
+def _send_release(runtime: Runtime, args: list[Any], *, within: float) -> Any:
+    """Send RELEASE_IDENTITY; the pending result, or a refusal when the broker
+    is down or does not take the message within ``within`` seconds.
+
+    The send runs on a thread the command stops waiting for: kombu's and the
+    result backend's own retries add up to far more than any timeout an
+    operator passes (about 20 s on Redis), whatever the broker. A send still
+    trying when the command exits has published nothing, and dies with it.
+    """
     app = cli_package.load_celery_app()
-    try:
-        return app.send_task(RELEASE_IDENTITY, args=args, queue=OPERATOR_QUEUE)
-    except Exception as error:  # kombu's connection errors have no common base worth naming
-        broker = redacted(runtime.settings.broker_url)
-        raise Refused(
-            f"cannot reach the broker at {broker}: {first_line(error)}; nothing was released"
-        ) from None
+    sent: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            sent["pending"] = app.send_task(RELEASE_IDENTITY, args=args, queue=OPERATOR_QUEUE)
+        except Exception as error:  # kombu's connection errors have no common base worth naming
+            sent["error"] = error
+
+    sender = threading.Thread(target=send, name="send-release", daemon=True)
+    sender.start()
+    sender.join(within)
+    if "pending" in sent:
+        return sent["pending"]
+    why = first_line(sent["error"]) if "error" in sent else f"no answer within {within:g}s"
+    raise Refused(
+        f"cannot reach the broker at {redacted(runtime.settings.broker_url)}: {why}; "
+        "nothing was released"
+    )
 
 
 def _await_answer(pending: Any, timeout: float) -> tuple[bool, Any]:

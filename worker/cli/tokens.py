@@ -7,6 +7,7 @@ import click
 from models.reports import get_workspace, list_workspaces
 from models.tokens import Role, issue_token, list_tokens, revoke_token
 from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.params import DATABASE_ID
 from worker.cli.runtime import Runtime, pass_runtime
 
 
@@ -96,7 +97,7 @@ def token_list(runtime: Runtime, as_json: bool) -> None:
 
 
 @token.command("revoke")
-@click.argument("token_id", type=int)
+@click.argument("token_id", type=DATABASE_ID)
 @json_option
 @pass_runtime
 def token_revoke(runtime: Runtime, token_id: int, as_json: bool) -> None:
