@@ -40,9 +40,15 @@ class Settings(BaseSettings):
     )
 
     # --- ingress --------------------------------------------------------------------
+    host: str = Field(
+        default="127.0.0.1", description="Where the ingress listens (the Procfile's web)."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="The port the ingress listens on.")
     public_url: str = Field(
-        default="http://127.0.0.1:8000",
-        description="Where GitHub and Jira reach the ingress; used to print webhook URLs.",
+        default="",
+        description="Where GitHub and Jira reach the ingress; used to print webhook URLs. "
+        "Unset, it is the ingress's own address: http://HOST:PORT (127.0.0.1 for a "
+        "wildcard host).",
     )
     max_body_bytes: int = Field(
         default=25 * 1024 * 1024, gt=0, description="Largest delivery accepted (GitHub's cap)."
@@ -124,6 +130,15 @@ class Settings(BaseSettings):
         gt=0,
         description="How old a queued delivery must be before the sweeper enqueues it again.",
     )
+
+    @model_validator(mode="after")
+    def _public_url_defaults_to_the_ingress(self) -> Settings:
+        if not self.public_url:
+            # A wildcard address is where the ingress listens, not where anyone reaches it.
+            host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+            host = f"[{host}]" if ":" in host else host
+            self.public_url = f"http://{host}:{self.port}"
+        return self
 
     @model_validator(mode="after")
     def _lease_outlives_the_task(self) -> Settings:

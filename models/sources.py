@@ -51,16 +51,13 @@ def add_source(
 ) -> WebhookSource:
     if provider not in PROVIDERS:
         raise InvalidSource(f"provider must be one of {', '.join(PROVIDERS)}")
-    if not _SLUG.match(slug):
-        raise InvalidSource(
-            f"source name {slug!r} must be lowercase letters, digits and dashes (at most 64)"
-        )
+    checked_slug(slug)
     if session.get(Workspace, workspace_id) is None:
         raise InvalidSource(f"workspace {workspace_id} not found")
     events = sorted({event.strip() for event in create_events if event.strip()})
     if not events:
         raise InvalidSource("a source needs at least one event that creates tasks")
-    _check_secret(secret)
+    checked_secret(secret)
     if session.scalar(select(WebhookSource.id).where(WebhookSource.slug == slug)) is not None:
         raise InvalidSource(f"a source named {slug!r} already exists")
     source = WebhookSource(
@@ -77,9 +74,21 @@ def add_source(
     return source
 
 
-def _check_secret(secret: str) -> None:
+def checked_slug(slug: str) -> str:
+    """``slug`` if a source may be named so; else :class:`InvalidSource` saying
+    why (the CLI checks its options with it, too)."""
+    if not _SLUG.match(slug):
+        raise InvalidSource(
+            f"source name {slug!r} must be lowercase letters, digits and dashes (at most 64)"
+        )
+    return slug
+
+
+def checked_secret(secret: str) -> str:
+    """``secret`` if a source may sign with it; else :class:`InvalidSource`."""
     if not secret or not secret.strip():
         raise InvalidSource("a signing secret cannot be empty")
+    return secret
 
 
 def get_source(*, session: Session, slug: str) -> WebhookSource:
@@ -131,7 +140,7 @@ def add_secret(*, session: Session, slug: str, new_secret: str) -> WebhookSource
     """Start a rotation: ``new_secret`` verifies alongside the old ones, so the
     provider can be switched over without a single rejected delivery."""
     source = get_source(session=session, slug=slug)
-    _check_secret(new_secret)
+    checked_secret(new_secret)
     session.add(SourceSecret(source_id=source.id, secret=new_secret))
     session.flush()
     return source

@@ -12,8 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.access import Caller
-from models.errors import TaskStoreError
+from models.errors import InvalidRelease, TaskStoreError
 from models.tables import ApiToken, ApiTokenWorkspace, Workspace, utcnow
+from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
 TOKEN_PREFIX = "th_"
 
@@ -51,14 +52,27 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def checked_name(name: str) -> str:
+    """``name`` trimmed, if a token may hold it; else :class:`InvalidToken`.
+    The name is the operator of the releases made with the token, so it keeps
+    the audit row's rules (``models.tasks.clean_release_text``)."""
+    try:
+        return clean_release_text(
+            name,
+            what="a token's name",
+            missing="a token needs a name (it is the operator name in audit rows)",
+            limit=MAX_OPERATOR_LENGTH,
+        )
+    except InvalidRelease as error:
+        raise InvalidToken(str(error)) from None
+
+
 def issue_token(
     *, session: Session, name: str, role: str, workspace_ids: Iterable[int]
 ) -> IssuedToken:
     """A new token for ``workspace_ids``. Tokens are long random strings, so a
     plain SHA-256 is enough to keep a database leak from revealing them."""
-    name = name.strip()
-    if not name:
-        raise InvalidToken("a token needs a name (it is the operator name in audit rows)")
+    name = checked_name(name)
     try:
         role = Role(role)
     except ValueError:

@@ -29,6 +29,33 @@ class StepSpec:
 DEFAULT_STEPS = (StepSpec("Inbox"), StepSpec("In progress"), StepSpec("Done"))
 
 
+def checked_slug(slug: str) -> str:
+    """``slug`` if a workspace may have it; else :class:`InvalidWorkspace`
+    saying why (the CLI checks its arguments with it, too)."""
+    if not _SLUG.match(slug):
+        raise InvalidWorkspace(
+            f"slug {slug!r} must be lowercase letters, digits and dashes (at most 64)"
+        )
+    return slug
+
+
+def checked_prefix(task_prefix: str) -> str:
+    """``task_prefix`` if a workspace may have it; else :class:`InvalidWorkspace`."""
+    if not _PREFIX.match(task_prefix):
+        raise InvalidWorkspace(
+            f"task prefix {task_prefix!r} must be an uppercase letter then up to 15 "
+            "uppercase letters or digits"
+        )
+    return task_prefix
+
+
+def checked_name(name: str) -> str:
+    """``name`` trimmed, if not empty; else :class:`InvalidWorkspace`."""
+    if not name.strip():
+        raise InvalidWorkspace("a workspace needs a name")
+    return name.strip()
+
+
 def create_workspace(
     *,
     session: Session,
@@ -38,17 +65,7 @@ def create_workspace(
     steps: Sequence[StepSpec] = DEFAULT_STEPS,
 ) -> Workspace:
     """A new workspace with its workflow; the first step is the intake step."""
-    if not _SLUG.match(slug):
-        raise InvalidWorkspace(
-            f"slug {slug!r} must be lowercase letters, digits and dashes (at most 64)"
-        )
-    if not _PREFIX.match(task_prefix):
-        raise InvalidWorkspace(
-            f"task prefix {task_prefix!r} must be an uppercase letter then up to 15 "
-            "uppercase letters or digits"
-        )
-    if not name.strip():
-        raise InvalidWorkspace("a workspace needs a name")
+    slug, task_prefix, name = checked_slug(slug), checked_prefix(task_prefix), checked_name(name)
     if not steps:
         raise InvalidWorkspace("a workspace needs at least one workflow step")
     if any(step.wip_limit is not None and step.wip_limit < 0 for step in steps):
@@ -56,7 +73,7 @@ def create_workspace(
     if session.scalar(select(Workspace.id).where(Workspace.slug == slug)) is not None:
         raise InvalidWorkspace(f"a workspace with slug {slug!r} already exists")
 
-    workspace = Workspace(slug=slug, name=name.strip(), task_prefix=task_prefix)
+    workspace = Workspace(slug=slug, name=name, task_prefix=task_prefix)
     session.add(workspace)
     session.flush()
     for position, step in enumerate(steps):

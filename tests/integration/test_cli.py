@@ -33,7 +33,7 @@ from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY, RELEASE_IDENTITY
 from models.sources import verifying_source
-from models.tables import Delivery, Task, utcnow
+from models.tables import Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
 from tests.conftest import TRUSTED, Store
@@ -224,16 +224,68 @@ def test_a_duplicate_workspace_slug_is_refused(store: Store):
     assert line == "Error: a workspace with slug 'acme' already exists"
 
 
-def test_workspace_mistakes_are_refused_or_usage_errors(store: Store):
-    bad_prefix = refused(
-        taskhook(store, "workspace", "add", "acme", "--name", "A", "--prefix", "a")
-    )
-    assert "task prefix 'a'" in bad_prefix
-    negative = taskhook(
-        store, "workspace", "add", "acme", "--name", "A", "--prefix", "A", "--wip-limit", "-1"
-    )
-    assert negative.exit_code == 2
-    assert taskhook(store, "workspace", "add", "acme", "--prefix", "A").exit_code == 2
+#: Every option or argument whose value the models would refuse, by command:
+#: each is a usage error (exit 2, as docs/runbook.md says), caught before
+#: anything is stored.
+INVALID_VALUES = {
+    "workspace slug": (("workspace", "add", "Bad Slug", "--name", "A", "--prefix", "A"), "SLUG"),
+    "workspace name": (("workspace", "add", "beta", "--name", " ", "--prefix", "A"), "--name"),
+    "workspace prefix": (("workspace", "add", "beta", "--name", "A", "--prefix", "a"), "--prefix"),
+    "wip limit": (
+        ("workspace", "add", "beta", "--name", "A", "--prefix", "A", "--wip-limit", "-1"),
+        "--wip-limit",
+    ),
+    "source name": (("source", "add", "github", "--workspace", "acme", "--name", "A!"), "--name"),
+    "source secret": (
+        ("source", "add", "github", "--workspace", "acme", "--name", "b", "--secret", " "),
+        "--secret",
+    ),
+    "rotated secret": (("source", "rotate-secret", "acme-github", "--secret", "  "), "--secret"),
+    "token name": (("token", "add", "--workspace", "acme", "--name", "a\x01b"), "--name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID_VALUES))
+def test_an_invalid_value_is_a_usage_error_and_stores_nothing(store: Store, case: str):
+    a_source(store, store.workspace().id)  # acme-github
+    command, parameter = INVALID_VALUES[case]
+    counts = "SELECT (SELECT count(*) FROM workspaces) + (SELECT count(*) FROM webhook_sources)"
+    counts += " + (SELECT count(*) FROM source_secrets) + (SELECT count(*) FROM api_tokens)"
+    before = store.scalar(counts)
+
+    line = usage_error(taskhook(store, *command))
+
+    assert line.startswith(f"Error: Invalid value for '{parameter}': ")
+    assert store.scalar(counts) == before
+
+
+# --- demo -------------------------------------------------------------------------------------
+
+
+def test_demo_setup_for_the_run_command_touches_only_the_embedded_database(store: Store):
+    embedded = store.dialect == "sqlite"
+
+    first = as_json(taskhook(store, "demo", "setup", "--embedded-only", "--json"))
+    said = taskhook(store, "demo", "setup", "--embedded-only").stdout
+
+    assert first["created"] is embedded
+    assert store.scalar("SELECT count(*) FROM workspaces") == (1 if embedded else 0)
+    assert store.scalar("SELECT count(*) FROM webhook_sources") == (2 if embedded else 0)
+    if embedded:
+        assert "existing workspaces kept" in said
+    else:
+        assert said.startswith("==> no demo workspace on postgresql+psycopg://")
+        assert "ask for one with `taskhook demo setup`" in said
+
+
+def test_demo_setup_asked_for_by_name_works_on_any_database(store: Store):
+    document = as_json(taskhook(store, "demo", "setup", "--json"))
+
+    assert document["created"] is True
+    assert [s["url"] for s in document["sources"]] == [
+        f"{PUBLIC_URL}/webhooks/github/demo-github",
+        f"{PUBLIC_URL}/webhooks/jira/demo-jira",
+    ]
 
 
 # --- sources ----------------------------------------------------------------------------------
@@ -1007,7 +1059,7 @@ def test_deliveries_list_shows_why_a_delivery_is_dead(store: Store):
 
 
 def test_deliveries_show_names_the_external_id_of_its_task(store: Store):
-    task_id, first, _ = a_settled_task(store)
+    _, first, _ = a_settled_task(store)
 
     shown = taskhook(store, "deliveries", "show", str(first)).stdout
     document = as_json(taskhook(store, "deliveries", "show", str(first), "--json"))
@@ -1299,7 +1351,7 @@ def test_a_revoked_token_no_longer_authenticates(store: Store):
 def test_token_mistakes_are_one_line_refusals(store: Store):
     store.workspace("acme")
     assert "nope" in refused(taskhook(store, "token", "add", "--workspace", "nope", "--name", "x"))
-    assert "name" in refused(taskhook(store, "token", "add", "--workspace", "acme", "--name", " "))
+    # A blank --name is an invalid value: a usage error (test_an_invalid_value_is_a_usage_error...).
     assert "999" in refused(taskhook(store, "token", "revoke", "999"))
     assert (
         taskhook(

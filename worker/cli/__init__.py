@@ -26,7 +26,8 @@ group's error translation), ``output`` (``--json``, tables, fields), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
 lookup, explain, release), ``deliveries`` (list, show, replay, stats),
 ``tokens``, ``demo`` (a workspace to try, signed samples to send it), ``mcp``
-(the MCP server on stdio).
+(the MCP server on stdio), ``start`` (the Procfile's processes, as
+``scripts/run`` starts them).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from worker.cli.demo import demo
 from worker.cli.mcp import mcp
 from worker.cli.runtime import EXIT_NO_ANSWER, Runtime, TaskhookGroup
 from worker.cli.sources import source
+from worker.cli.start import start
 from worker.cli.tasks import explain, release, task
 from worker.cli.tokens import token
 from worker.cli.workspaces import workspace
@@ -86,6 +88,7 @@ for _command in (
     token,
     demo,
     mcp,
+    start,
 ):
     cli.add_command(_command)
 

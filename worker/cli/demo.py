@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import click
+from sqlalchemy.engine import make_url
 
 from models.reports import list_source_summaries, list_workspaces
 from models.sources import add_source, verifying_source
@@ -34,10 +35,25 @@ def demo() -> None:
 
 
 @demo.command("setup")
+@click.option(
+    "--embedded-only",
+    is_flag=True,
+    help="Only on the embedded SQLite database (what scripts/run passes): a production "
+    "database gets no demo unless asked for by name.",
+)
 @json_option
 @pass_runtime
-def demo_setup(runtime: Runtime, as_json: bool) -> None:
+def demo_setup(runtime: Runtime, embedded_only: bool, as_json: bool) -> None:
     """Create workspace demo with a GitHub and a Jira source, unless any workspace exists."""
+    if embedded_only and make_url(runtime.settings.database_url).get_backend_name() != "sqlite":
+        if as_json:
+            emit_json({"created": False, "sources": []})
+            return
+        click.echo(
+            f"==> no demo workspace on {runtime.database_url_for_people}: "
+            "ask for one with `taskhook demo setup`"
+        )
+        return
     with runtime.session() as session:
         created = not list_workspaces(session=session)
         if created:

@@ -16,10 +16,13 @@ from models.sources import (
     PROVIDERS,
     add_secret,
     add_source,
+    checked_secret,
+    checked_slug,
     retire_older_secrets,
     set_source_enabled,
 )
 from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.params import checked_by
 from worker.cli.runtime import Refused, Runtime, pass_runtime
 
 #: Per provider: the adapter's handled events (what ``--events`` may name) and its defaults.
@@ -62,8 +65,18 @@ def _print_secret_once(secret: str, provider: str) -> None:
 @source.command("add")
 @click.argument("provider", type=click.Choice(PROVIDERS))
 @click.option("--workspace", "workspace_slug", required=True, help="Workspace slug.")
-@click.option("--name", default=None, help="Source name, the URL's last part [WORKSPACE-PROVIDER].")
-@click.option("--secret", default=None, help="Signing secret; generated when omitted.")
+@click.option(
+    "--name",
+    default=None,
+    callback=checked_by(checked_slug),
+    help="Source name, the URL's last part [WORKSPACE-PROVIDER].",
+)
+@click.option(
+    "--secret",
+    default=None,
+    callback=checked_by(checked_secret),
+    help="Signing secret; generated when omitted.",
+)
 @click.option(
     "--events",
     default=None,
@@ -204,7 +217,12 @@ def source_enable(runtime: Runtime, name: str, as_json: bool) -> None:
 
 @source.command("rotate-secret")
 @click.argument("name")
-@click.option("--secret", default=None, help="The new secret; generated when omitted.")
+@click.option(
+    "--secret",
+    default=None,
+    callback=checked_by(checked_secret),
+    help="The new secret; generated when omitted.",
+)
 @click.option("--finish", is_flag=True, help="Retire every secret but the newest.")
 @json_option
 @pass_runtime

@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from models.reports import get_workspace, list_workspaces
-from models.tokens import Role, issue_token, list_tokens, revoke_token
+from models.tokens import Role, checked_name, issue_token, list_tokens, revoke_token
 from worker.cli.output import emit_json, json_option, print_table
-from worker.cli.params import DATABASE_ID
+from worker.cli.params import DATABASE_ID, checked_by
 from worker.cli.runtime import Runtime, pass_runtime
 
 
@@ -31,7 +31,12 @@ def token() -> None:
     show_default=True,
     help="operator tokens may also release external ids.",
 )
-@click.option("--name", required=True, help="Who holds it; audit rows name it.")
+@click.option(
+    "--name",
+    required=True,
+    callback=checked_by(checked_name),
+    help="Who holds it; audit rows name it.",
+)
 @json_option
 @pass_runtime
 def token_add(

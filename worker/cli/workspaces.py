@@ -8,8 +8,16 @@ import click
 from sqlalchemy.exc import IntegrityError
 
 from models.reports import list_workspaces
-from models.workspaces import DEFAULT_STEPS, StepSpec, create_workspace
+from models.workspaces import (
+    DEFAULT_STEPS,
+    StepSpec,
+    checked_name,
+    checked_prefix,
+    checked_slug,
+    create_workspace,
+)
 from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.params import checked_by
 from worker.cli.runtime import Refused, Runtime, pass_runtime
 
 
@@ -19,9 +27,16 @@ def workspace() -> None:
 
 
 @workspace.command("add")
-@click.argument("slug")
-@click.option("--name", required=True, help="Human-readable name.")
-@click.option("--prefix", required=True, help="Task identifier prefix, e.g. ACME for ACME-12.")
+@click.argument("slug", callback=checked_by(checked_slug))
+@click.option(
+    "--name", required=True, callback=checked_by(checked_name), help="Human-readable name."
+)
+@click.option(
+    "--prefix",
+    required=True,
+    callback=checked_by(checked_prefix),
+    help="Task identifier prefix, e.g. ACME for ACME-12.",
+)
 @click.option(
     "--wip-limit",
     type=click.IntRange(min=0),
