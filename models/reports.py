@@ -165,6 +165,9 @@ class DeliverySummary:
     lease_expires_at: datetime | None
     #: The task an attempt of this delivery inserted, even one deleted since.
     created_task_id: int | None = None
+    #: The external id the delivery names, as the ingress read it; else the one
+    #: its task holds now (rows stored before the ingress kept it).
+    external_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -186,20 +189,21 @@ class DeliveryDetail:
     headers: dict[str, str]
     payload_mismatches: int
     workspace: str
-    #: The external id the delivery names, as the ingress read it; else the one
-    #: its task holds now (rows stored before the ingress kept it).
-    external_id: str | None = None
 
 
 def _summary_query():
     return (
-        select(Delivery, WebhookSource.slug, WebhookSource.provider, Task.identifier)
+        select(
+            Delivery, WebhookSource.slug, WebhookSource.provider, Task.identifier, Task.external_id
+        )
         .join(WebhookSource, WebhookSource.id == Delivery.source_id)
         .outerjoin(Task, Task.id == Delivery.task_id)
     )
 
 
-def _summary(delivery: Delivery, source: str, provider: str, identifier: str | None):
+def _summary(
+    delivery: Delivery, source: str, provider: str, identifier: str | None, held: str | None
+) -> DeliverySummary:
     return DeliverySummary(
         id=delivery.id,
         source=source,
@@ -217,6 +221,7 @@ def _summary(delivery: Delivery, source: str, provider: str, identifier: str | N
         last_error=delivery.last_error,
         lease_expires_at=delivery.lease_expires_at,
         created_task_id=delivery.created_task_id,
+        external_id=delivery.external_id or held,
     )
 
 
@@ -248,15 +253,16 @@ def list_deliveries(
 def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
     row = session.execute(
         _summary_query()
-        .add_columns(Workspace.slug, Task.external_id)
+        .add_columns(Workspace.slug)
         .join(Workspace, Workspace.id == WebhookSource.workspace_id)
         .where(Delivery.id == delivery_pk)
     ).one_or_none()
     if row is None:
         raise DeliveryNotFound(delivery_pk)
-    delivery, source, provider, identifier, workspace, held = row
+    *summarized, workspace = row
+    delivery = summarized[0]
     return DeliveryDetail(
-        summary=_summary(delivery, source, provider, identifier),
+        summary=_summary(*summarized),
         hook_id=delivery.hook_id,
         content_type=delivery.content_type,
         action=delivery.action,
@@ -265,7 +271,6 @@ def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
         headers=shown_headers(delivery.headers or {}),
         payload_mismatches=delivery.payload_mismatches,
         workspace=workspace,
-        external_id=delivery.external_id or held,
     )
 
 

@@ -89,6 +89,21 @@ def test_the_run_command_turns_a_posted_sample_into_a_task(tmp_path):
 
         found = wait_until(task_exists, timeout=60, what="the demo task", logs=[run])
         assert found["task"]["external_id"] == "gh-issue/Codertocat/Hello-World#1"
+
+        # For a person, the same send says how to look the task up: by its external id.
+        again = subprocess.run(
+            [*taskhook, "demo", "send", "github"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert again.returncode == 0, again.stderr
+        assert (
+            "taskhook task lookup --workspace demo 'gh-issue/Codertocat/Hello-World#1'"
+            in again.stdout
+        )
     finally:
         run.stop()  # SIGTERM: honcho stops its children; then the group, by pid
 

@@ -1066,7 +1066,9 @@ def test_deliveries_show_names_the_external_id_of_its_task(store: Store):
 
     assert f"external id   {EXTERNAL_ID}" in shown
     assert "task          ACME-1" in shown
-    assert document["external_id"] == EXTERNAL_ID
+    listed = taskhook(store, "deliveries", "list").stdout
+    assert f"ACME-1  {EXTERNAL_ID}" in listed
+    assert document["summary"]["external_id"] == EXTERNAL_ID
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,18 @@ def _reason(delivery: DeliverySummary) -> str | None:
 
 def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> None:
     print_table(
-        ("ID", "RECEIVED", "SOURCE", "EVENT", "STATUS", "TRIES", "OUTCOME", "TASK", "REASON"),
+        (
+            "ID",
+            "RECEIVED",
+            "SOURCE",
+            "EVENT",
+            "STATUS",
+            "TRIES",
+            "OUTCOME",
+            "TASK",
+            "EXTERNAL ID",
+            "REASON",
+        ),
         (
             (
                 d.id,
@@ -52,6 +63,7 @@ def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> No
                 d.attempts,
                 d.outcome,
                 d.task_identifier or d.task_id,
+                d.external_id,
                 _reason(d),
             )
             for d in deliveries
@@ -112,7 +124,7 @@ def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
             ("reason", d.status_reason),
             ("attempts", d.attempts),
             ("outcome", d.outcome),
-            ("external id", detail.external_id),
+            ("external id", d.external_id),
             ("task", d.task_identifier or d.task_id),
             ("last error", d.last_error),
             ("received", d.received_at),

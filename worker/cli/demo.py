@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import shlex
 import urllib.error
 import urllib.request
 import uuid
@@ -16,8 +17,10 @@ from pathlib import Path
 import click
 from sqlalchemy.engine import make_url
 
+from ingest.adapters import ADAPTERS, read_delivery
 from models.reports import list_source_summaries, list_workspaces
 from models.sources import add_source, verifying_source
+from models.tables import Workspace
 from models.workspaces import create_workspace
 from worker.cli.output import emit_json, json_option
 from worker.cli.runtime import Refused, Runtime, pass_runtime
@@ -111,6 +114,7 @@ def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) 
     slug = slug or DEMO_SOURCES[provider]
     with runtime.session() as session:
         source = verifying_source(session=session, provider=provider, slug=slug)
+        workspace = source and session.get(Workspace, source.workspace_id).slug
     if source is None:
         raise Refused(f"no enabled {provider} source named {slug!r} (taskhook source list)")
     sample = FIXTURES / provider / f"{SAMPLES[provider]}.json"
@@ -118,9 +122,8 @@ def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) 
         raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
     body = sample.read_bytes()
     url = webhook_url(runtime.settings, provider, slug)
-    request = urllib.request.Request(
-        url, data=body, headers=_signed_headers(provider, body, source.secrets[-1])
-    )
+    headers = _signed_headers(provider, body, source.secrets[-1])
+    request = urllib.request.Request(url, data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             status, answer = response.status, response.read().decode()
@@ -135,7 +138,19 @@ def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) 
         return
     click.echo(f"POST {url} → {status} {answer}")
     if status == 202:
-        click.echo("Then: .venv/bin/taskhook deliveries list  (or task lookup --workspace demo …)")
+        click.echo("Then: .venv/bin/taskhook deliveries list")
+        click.echo(
+            f"  or: .venv/bin/taskhook task lookup --workspace {workspace} "
+            f"{shlex.quote(_external_id_of(provider, headers, body))}"
+        )
+
+
+def _external_id_of(provider: str, headers: dict[str, str], body: bytes) -> str:
+    """The external id the sample names, read as the ingress reads it."""
+    adapter = ADAPTERS[provider]
+    payload = json.loads(body)
+    reading = read_delivery(adapter, adapter.event_of(headers, payload) or "", payload, None)
+    return reading.external_id or "?"
 
 
 def _signed_headers(provider: str, body: bytes, secret: str) -> dict[str, str]:
