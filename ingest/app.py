@@ -7,6 +7,7 @@ with their own database and publisher.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -212,9 +213,25 @@ def _add_operational_routes(app: FastAPI) -> None:
     @app.get("/metrics", tags=["operations"])
     async def metrics(request: Request) -> Response:
         """Prometheus text: deliveries by provider and result, ingress latency,
-        payload mismatches, rejected signatures, relay counters."""
+        payload mismatches, rejected signatures, relay counters. With
+        TASKHOOK_METRICS_TOKEN set, only for ``Authorization: Bearer <token>``."""
         runtime: Runtime = request.app.state.runtime
+        wanted = runtime.settings.metrics_token
+        if wanted and not _bearer_is(request.headers.get("authorization"), wanted):
+            return JSONResponse(
+                {"error": "/metrics needs 'Authorization: Bearer <TASKHOOK_METRICS_TOKEN>'"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _bearer_is(authorization: str | None, token: str) -> bool:
+    """``Authorization: Bearer <token>``, compared in constant time."""
+    scheme, _, presented = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        presented.strip().encode(), token.encode()
+    )
 
 
 def _database_ready(runtime: Runtime) -> str:

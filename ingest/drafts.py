@@ -10,8 +10,6 @@ adapter raises for a body it cannot use.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -21,9 +19,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, ValidationError
 
+from ingest.signing import HmacSha256Stream
 from models.tasks import MAX_TITLE_LENGTH, NewTask, SourceLink
 
-SIGNATURE_PREFIX = "sha256="
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 #: How many pydantic errors an :class:`UnsupportedPayload` message names.
@@ -90,32 +88,11 @@ def header_text(headers: Mapping[str, str], name: str) -> str | None:
 
 def verify_hmac_sha256(body: bytes, header_value: str | None, secrets: Iterable[str]) -> bool:
     """True when ``header_value`` is exactly ``sha256=`` + the hex HMAC-SHA256 of the
-    raw ``body`` keyed with one of ``secrets``.
-
-    Several secrets may be active at once so that a secret rotates without
-    downtime: add the new one, switch the provider over, drop the old one.
-    Empty secrets are skipped -- an empty key would make any sender's
-    signature "valid".
-    """
-    if isinstance(secrets, str):
-        # A bare string is an iterable of one-character "secrets": refuse it loudly.
-        raise TypeError("secrets must be an iterable of strings, not a single string")
-    if header_value is None or not header_value.isascii():
-        return False
-    presented = header_value.encode("ascii")
-    matches = [
-        hmac.compare_digest(presented, _signature_for(body, secret).encode("ascii"))
-        for secret in secrets
-        if secret
-    ]
-    # Every active secret is compared, matched or not, so the time taken does
-    # not tell which one (if any) matched.
-    return any(matches)
-
-
-def _signature_for(body: bytes, secret: str) -> str:
-    digest = hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
-    return SIGNATURE_PREFIX + digest
+    raw ``body`` keyed with one of ``secrets`` (:class:`ingest.signing.HmacSha256Stream`,
+    fed the whole body at once)."""
+    signature = HmacSha256Stream(secrets)
+    signature.update(body)
+    return signature.matches(header_value)
 
 
 def media_type(content_type: str | None) -> str | None:

@@ -3,8 +3,9 @@
 Guards run in a fixed order, each with its own status (STYLE, habit 2):
 
     source known (404) -> body within limit (413) -> signature over the raw
-    bytes (401) -> delivery id present (400) -> parse (415, 400) -> event
-    present (400) -> store (503 if the database is down) -> relay -> 202
+    bytes as they stream in (401) -> delivery id present and well-formed (400)
+    -> parse (415, 400) -> event present (400) -> store (503 if the database
+    is down) -> relay -> 202
 
 Every verified delivery is answered 2xx once it is stored -- duplicates too --
 because Jira retries on 409 and on 5xx, and a retry of something we already
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
+from tempfile import SpooledTemporaryFile
 from types import ModuleType
 
 from fastapi import APIRouter, Request
@@ -33,9 +36,10 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ingest.adapters import ADAPTERS, NOTHING_READ, read_delivery
-from ingest.drafts import UnsupportedContentType, UnsupportedPayload
+from ingest.drafts import UnsupportedContentType, UnsupportedPayload, lookup_header
 from ingest.runtime import Runtime, StoreUnavailable
 from ingest.schemas import ErrorBody
+from ingest.signing import HmacSha256Stream
 from models.inbox import DeliveryStatus, IncomingDelivery
 
 #: The only request headers kept with a delivery: never a signature or credentials.
@@ -53,6 +57,8 @@ KEPT_HEADERS = (
 _KEPT_RAW = tuple(name.encode("latin-1") for name in KEPT_HEADERS)
 
 _DUPLICATE = b'{"status":"duplicate"}'
+#: Results whose slug names no source we could read: never a metrics label.
+_UNNAMED_RESULTS = ("unknown_source", "store_unavailable")
 _IGNORED = b'{"status":"ignored"}'
 _STORE_UNAVAILABLE = b'{"error":"the delivery store is unavailable; retry later"}'
 
@@ -93,9 +99,11 @@ class WebhookRoute:
             headers = ((b"retry-after", retry_after),)
         finally:
             runtime.metrics.observe_latency(provider, time.perf_counter() - started)
-        # Not a slug nobody registered, nor one that could not be looked up:
-        # random URLs must not grow the series.
-        source = slug if result not in ("unknown_source", "store_unavailable") else "-"
+        # Only when asked for (source names are guessable, and /metrics may be
+        # open); never a slug nobody registered, nor one that could not be
+        # looked up: random URLs must not grow the series.
+        labelled = runtime.settings.metrics_source_labels
+        source = slug if labelled and result not in _UNNAMED_RESULTS else "-"
         runtime.metrics.count_delivery(provider, source, result)
         await _answer(send, status, answer, *headers)
 
@@ -141,15 +149,29 @@ async def _take(
     if source is None:
         raise Refusal(404, "unknown webhook source", "unknown_source")
 
-    body = await _read_body(receive, headers.get("content-length"), runtime.settings.max_body_bytes)
-
-    if not adapter.verify_signature(body, headers, source.secrets):
-        runtime.metrics.rejected_signatures.labels(provider).inc()
-        raise Refusal(401, "missing or invalid signature", "bad_signature")
+    # The signature is computed as the body streams in, and what exceeds
+    # UNVERIFIED_IN_MEMORY_BYTES waits on disk: an unsigned sender never makes
+    # the ingress hold a large body in memory.
+    signature = HmacSha256Stream(source.secrets)
+    limit = runtime.settings.max_body_bytes
+    with await _receive_body(receive, headers.get("content-length"), limit, signature) as received:
+        if not signature.matches(lookup_header(headers, adapter.SIGNATURE_HEADER)):
+            runtime.metrics.rejected_signatures.labels(provider).inc()
+            raise Refusal(401, "missing or invalid signature", "bad_signature")
+        body = received.read()
 
     delivery_id = adapter.delivery_id(headers, body)
     if delivery_id is None:
         raise Refusal(400, f"missing {adapter.DELIVERY_HEADER} header", "bad_request")
+    if not _DELIVERY_ID.fullmatch(delivery_id):
+        # GitHub's are GUIDs, Jira's numbers: anything else is not theirs, and
+        # a value the unique index cannot hold must not become a "retry later".
+        raise Refusal(
+            400,
+            f"invalid {adapter.DELIVERY_HEADER} header: at most {DELIVERY_ID_LENGTH} "
+            "printable ASCII characters",
+            "bad_request",
+        )
 
     # The body and the one header the event may come from: the same bytes
     # and the same event header pass every guard below exactly as before.
@@ -220,31 +242,76 @@ async def _take(
     return 202, b'{"delivery":%d,"status":"queued"}' % recorded.pk, "queued"
 
 
-async def _read_body(receive: Receive, content_length: str | None, limit: int) -> bytes:
-    """The raw body, refused with 413 as soon as it passes ``limit`` -- a huge or
-    lying Content-Length is never buffered whole."""
+#: The most of a body not yet verified that is kept in memory; the rest of
+#: it is spooled to a temporary file until the signature is checked.
+UNVERIFIED_IN_MEMORY_BYTES = 1024 * 1024
+
+
+class _ReceivedBody:
+    """A body as it arrived: in memory when it came in one message (the usual
+    case), else spooled past :data:`UNVERIFIED_IN_MEMORY_BYTES`."""
+
+    def __init__(self, whole: bytes | None = None) -> None:
+        self._whole = whole
+        self._spool = None
+        if whole is None:
+            # Closed by __exit__: the spool lives as long as this object.
+            self._spool = SpooledTemporaryFile(UNVERIFIED_IN_MEMORY_BYTES)  # noqa: SIM115
+
+    def write(self, chunk: bytes) -> None:
+        self._spool.write(chunk)
+
+    def read(self) -> bytes:
+        if self._whole is not None:
+            return self._whole
+        self._spool.seek(0)
+        return self._spool.read()
+
+    def __enter__(self) -> _ReceivedBody:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+
+async def _receive_body(
+    receive: Receive, content_length: str | None, limit: int, signature: HmacSha256Stream
+) -> _ReceivedBody:
+    """The raw body, fed to ``signature`` as it arrives; refused with 413 as
+    soon as it passes ``limit`` -- a huge or lying Content-Length is never
+    buffered whole."""
     if content_length is not None:
         if not content_length.isdigit():
             raise Refusal(400, "invalid Content-Length header", "bad_request")
         if int(content_length) > limit:
             raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            # Nobody is left to answer; refuse quietly rather than as an error.
-            raise Refusal(400, "the client hung up before the body ended", "disconnected")
-        if message["type"] != "http.request":
-            continue
-        chunk = message.get("body", b"")
-        more = message.get("more_body", False)
-        if not body and not more and len(chunk) <= limit:
-            return bytes(chunk)  # the whole body in one message: the usual case
-        body += chunk
-        if len(body) > limit:
-            raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
-        if not more:
-            return bytes(body)
+    received: _ReceivedBody | None = None
+    size = 0
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                # Nobody is left to answer; refuse quietly rather than as an error.
+                raise Refusal(400, "the client hung up before the body ended", "disconnected")
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            size += len(chunk)
+            if size > limit:
+                raise Refusal(413, f"body over the {limit}-byte limit", "too_large")
+            signature.update(chunk)
+            if received is None and not more:
+                return _ReceivedBody(chunk)  # the whole body in one message: the usual case
+            received = received or _ReceivedBody()
+            received.write(chunk)
+            if not more:
+                return received
+    except BaseException:
+        if received is not None:
+            received.__exit__()
+        raise
 
 
 async def _answer(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
@@ -272,6 +339,12 @@ def _error(reason: str) -> bytes:
 
 #: Column sizes of the inbox row (models.tables.Delivery).
 EVENT_LENGTH, ACTION_LENGTH, CONTENT_TYPE_LENGTH = 200, 100, 200
+#: The longest delivery id taken. GitHub's GUIDs have 36 characters, Jira's
+#: identifiers a dozen digits, and a Jira body hash (``sha256:``...) 71.
+DELIVERY_ID_LENGTH = 200
+#: Printable ASCII, no space: header bytes are read as latin-1, so anything
+#: else would be stored garbled rather than as sent.
+_DELIVERY_ID = re.compile(f"[\\x21-\\x7e]{{1,{DELIVERY_ID_LENGTH}}}")
 
 
 def _storable(value: object, length: int) -> bool:

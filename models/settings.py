@@ -77,6 +77,18 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(
         default=5, ge=1, description="Retry-After of a 503 while the database is unreachable."
     )
+    metrics_token: str | None = Field(
+        default=None,
+        description="When set, /metrics answers only 'Authorization: Bearer <token>' "
+        "(Prometheus: authorization.credentials); unset, it is open to whoever reaches "
+        "the ingress.",
+    )
+    metrics_source_labels: bool = Field(
+        default=False,
+        description="Label taskhook_deliveries by source name. Off, the label is '-': "
+        "default source names are guessable (WORKSPACE-github), and /metrics would list "
+        "every one to an anonymous caller.",
+    )
 
     # --- worker ---------------------------------------------------------------------
     worker_pool: Literal["threads", "prefork", "solo"] = Field(

@@ -1,0 +1,90 @@
+"""What the ingress tests share: an app on the store, with two sources."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from ingest.app import create_app
+from models.db import session_scope
+from models.settings import Settings
+from models.sources import add_source
+from models.tables import Delivery
+from tests.conftest import Store
+from tests.deliveries import fixture, github_headers, jira_headers
+
+GITHUB_SECRET = "gh-secret-1"
+JIRA_SECRET = "jira-secret-1"
+JIRA_SITE = "https://acme.atlassian.net"
+
+
+@dataclass
+class Ingress:
+    client: TestClient
+    store: Store
+    published: list[int]
+
+    def github(
+        self,
+        name: str,
+        *,
+        body: bytes | None = None,
+        secret: str = GITHUB_SECRET,
+        source: str = "acme-github",
+        **headers: str,
+    ):
+        body = fixture("github", name) if body is None else body
+        sent = github_headers(name, body, secret) | headers
+        return self.client.post(f"/webhooks/github/{source}", content=body, headers=sent)
+
+    def jira(
+        self,
+        name: str,
+        *,
+        body: bytes | None = None,
+        secret: str = JIRA_SECRET,
+        source: str = "acme-jira",
+        **headers: str,
+    ):
+        body = fixture("jira", name) if body is None else body
+        sent = jira_headers(body, secret) | headers
+        return self.client.post(f"/webhooks/jira/{source}", content=body, headers=sent)
+
+    def deliveries(self) -> list[Delivery]:
+        with self.store.sessions() as session:
+            return list(session.scalars(select(Delivery).order_by(Delivery.id)))
+
+
+def settings_for(url: str, **overrides) -> Settings:
+    return Settings(database_url=url, source_cache_seconds=0, **overrides)
+
+
+@pytest.fixture
+def ingress(store: Store) -> Iterator[Ingress]:
+    workspace = store.workspace()
+    with session_scope(store.sessions) as session:
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace.id,
+            slug="acme-github",
+            secret=GITHUB_SECRET,
+            create_events=["issues.opened", "pull_request.opened"],
+        )
+        add_source(
+            session=session,
+            provider="jira",
+            workspace_id=workspace.id,
+            slug="acme-jira",
+            secret=JIRA_SECRET,
+            create_events=["jira:issue_created"],
+            site_url=JIRA_SITE,
+        )
+    published: list[int] = []
+    app = create_app(settings_for(store.url), publish=published.extend)
+    with TestClient(app) as client:
+        yield Ingress(client, store, published)
