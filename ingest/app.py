@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest import api, events, rest, webhooks
+from ingest.limits import BodyLimit, Lifetime, StreamSlots
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
@@ -49,8 +50,11 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
             on_dropped=metrics.relay_dropped.inc,
             on_published=metrics.relay_published.inc,
         )
+        streams = StreamSlots(
+            total=settings.max_event_streams, per_token=settings.max_event_streams_per_token
+        )
         app.state.runtime = runtime = Runtime(
-            settings, make_session_factory(engine), relay, metrics
+            settings, make_session_factory(engine), relay, metrics, streams
         )
         relay.start()
         try:
@@ -83,17 +87,24 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     app.router.routes.extend(webhooks.routes())
     app.include_router(api.router)
     app.include_router(events.router)
-    # MCP over streamable HTTP at /mcp/, behind the REST API's bearer tokens.
+    # MCP over streamable HTTP at /mcp/, behind the REST API's bearer tokens;
+    # its GET stream, idle in stateless mode, is closed after a while.
     app.mount(
         "/mcp",
         BearerGuard(
-            lambda scope, receive, send: app.state.mcp_http(scope, receive, send),
+            Lifetime(
+                lambda scope, receive, send: app.state.mcp_http(scope, receive, send),
+                seconds=settings.mcp_stream_seconds,
+            ),
             sessions=lambda: app.state.runtime.sessions,
         ),
     )
     _add_operational_routes(app)
     _add_error_handlers(app, settings)
-    # Innermost of the middleware that see every request: an unexpected error
+    # Innermost: a REST or MCP body over the limit is a 413 before anything
+    # reads it whole, not an unexpected error.
+    app.add_middleware(BodyLimit, limit=settings.max_api_body_bytes, exempt=(webhooks.PATH_PREFIX,))
+    # Around the app's middleware that see every request: an unexpected error
     # is answered here, without re-raising (Starlette's catch-all would answer
     # and then re-raise, so uvicorn would log it again and drop the
     # keep-alive connection).
@@ -184,6 +195,11 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
         return JSONResponse(
             {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
         )
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request: Request, error: RecursionError) -> JSONResponse:
+        # Raised while a request's JSON is parsed: the sender's mistake.
+        return JSONResponse({"error": "request body nested too deeply"}, status_code=400)
 
     @app.exception_handler(StoreUnavailable)
     async def _store_unavailable(request: Request, error: StoreUnavailable) -> JSONResponse:

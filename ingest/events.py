@@ -5,7 +5,9 @@ Events: each event carries its position as the SSE ``id``, so a client that
 reconnects with ``Last-Event-ID`` (as EventSource does by itself) resumes
 right after what it saw -- nothing missed, nothing twice. The stream closes
 after ``timeout`` seconds and the client reconnects; that keeps a proxy or a
-dead peer from holding a connection forever. Otherwise it is a JSON page:
+dead peer from holding a connection forever. A token may hold only so many
+streams open, and the ingress only so many in all (``ingest.limits``): past
+either cap a stream is answered 429. Otherwise it is a JSON page:
 ``?after=N`` returns events after position N.
 """
 
@@ -23,6 +25,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from ingest.limits import StreamsFull
 from ingest.rest import (
     MAX_ID,
     ApiError,
@@ -35,7 +38,9 @@ from ingest.rest import (
 from models.events import events_after
 from models.tables import TaskEvent
 
-router = APIRouter(prefix="/api/v1", tags=["events"], responses=error_responses(400, 401, 404, 503))
+router = APIRouter(
+    prefix="/api/v1", tags=["events"], responses=error_responses(400, 401, 404, 429, 503)
+)
 
 #: How often an open stream looks for new events, and says it is alive.
 POLL_SECONDS = 0.5
@@ -110,11 +115,33 @@ async def workspace_events(
     if "text/event-stream" not in request.headers.get("accept", ""):
         events = await run_in_threadpool(page, after)
         return JSONResponse({"events": events, "next_after": events[-1]["id"] if events else after})
-    return StreamingResponse(
+    runtime = request.app.state.runtime
+    try:
+        give_back = runtime.streams.take(principal.token_id)
+    except StreamsFull as full:
+        retry_after = str(runtime.settings.retry_after_seconds)
+        raise ApiError(429, str(full), headers={"Retry-After": retry_after}) from None
+    return _SlotHoldingStream(
         _stream(request, page, after, timeout),
+        give_back=give_back,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+class _SlotHoldingStream(StreamingResponse):
+    """A stream that gives its slot back however it ends -- closed, cut off,
+    or never started because the client left first."""
+
+    def __init__(self, *args, give_back, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._give_back = give_back
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._give_back()
 
 
 async def _stream(request: Request, page, cursor: int, timeout: float) -> AsyncIterator[str]:

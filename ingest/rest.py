@@ -27,15 +27,17 @@ TASK_NOT_FOUND = "task not found"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str) -> None:
+    def __init__(self, status: int, error: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(error)
         self.status = status
         self.error = error
+        self.headers = dict(headers or {})
+        if status == 401:
+            self.headers.setdefault("WWW-Authenticate", "Bearer")
 
 
 def api_error_response(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse({"error": error.error}, status_code=error.status, headers=headers)
+    return JSONResponse({"error": error.error}, status_code=error.status, headers=error.headers)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -18,6 +18,7 @@ from psycopg.types.json import Json
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
+from ingest.limits import StreamSlots
 from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
 from models.db import session_scope
@@ -51,6 +52,8 @@ class Runtime:
     sessions: sessionmaker[Session]
     relay: Relay
     metrics: IngressMetrics
+    #: The event streams open on this process (``ingest.limits``).
+    streams: StreamSlots
     _sources: dict[tuple[str, str], tuple[float, VerifyingSource]] = field(default_factory=dict)
     _store_limiter: anyio.CapacityLimiter | None = field(default=None, repr=False)
     #: (source id, delivery id) -> fingerprint of the request (the body's

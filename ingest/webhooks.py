@@ -108,11 +108,15 @@ class WebhookRoute:
         await _answer(send, status, answer, *headers)
 
 
+#: Where the webhook routes live; their bodies have their own limit.
+PATH_PREFIX = "/webhooks/"
+
+
 def routes() -> list[Route]:
     """The webhook routes, for the app's router (ahead of the REST API's)."""
     return [
         Route(
-            f"/webhooks/{adapter.PROVIDER}/{{source}}",
+            f"{PATH_PREFIX}{adapter.PROVIDER}/{{source}}",
             WebhookRoute(adapter),
             methods=["POST"],
             include_in_schema=False,

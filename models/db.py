@@ -28,13 +28,18 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     """
     settings = settings or Settings()
     parsed = make_url(url)
+    # A statement's parameters are a request's values (a title, a description):
+    # never in an error message, so never in a log line.
+    options.setdefault("hide_parameters", True)
     if parsed.get_backend_name() != "sqlite":
         options.setdefault("pool_pre_ping", True)
         return create_engine(url, **options)
 
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000})
+    engine = create_engine(
+        url, connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000}, **options
+    )
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection, _record):

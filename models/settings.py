@@ -83,11 +83,51 @@ class Settings(BaseSettings):
         "(Prometheus: authorization.credentials); unset, it is open to whoever reaches "
         "the ingress.",
     )
+    max_api_body_bytes: int = Field(
+        default=1024 * 1024,
+        gt=0,
+        description="Largest REST or MCP request body accepted (413 beyond it); the "
+        "webhook routes take up to TASKHOOK_MAX_BODY_BYTES.",
+    )
+    max_event_streams: int = Field(
+        default=1000, gt=0, description="Most event streams one ingress process keeps open."
+    )
+    max_event_streams_per_token: int = Field(
+        default=10, gt=0, description="Most event streams one API token may hold open."
+    )
+    mcp_stream_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="When the MCP GET stream (idle in stateless mode) is closed; the "
+        "client reconnects if it wants one.",
+    )
     metrics_source_labels: bool = Field(
         default=False,
         description="Label taskhook_deliveries by source name. Off, the label is '-': "
         "default source names are guessable (WORKSPACE-github), and /metrics would list "
         "every one to an anonymous caller.",
+    )
+
+    # --- ingress server -------------------------------------------------------------
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        gt=0,
+        description="Largest request head (request line and headers) the ingress reads; a "
+        "longer one is answered 431 and closed before the app runs (ingest/server.py). "
+        "GitHub and Jira send a few KiB.",
+    )
+    header_read_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a request's head may take to arrive, from its first byte (from "
+        "the connection, for a connection's first request); then 408 and closed.",
+    )
+    body_read_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long a whole request, body included, may take to arrive, from its "
+        "first byte; then 408 (unless the app has begun an answer) and closed. The largest "
+        "body (TASKHOOK_MAX_BODY_BYTES) must come at about 1 MB/s.",
     )
 
     # --- worker ---------------------------------------------------------------------
