@@ -8,15 +8,15 @@ source's provider and call it the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
 from ingest import github, jira
-from ingest.drafts import UnsupportedPayload, is_storable
+from ingest.drafts import UnsupportedPayload
 from models.errors import InvalidTask
 from models.external_id import InvalidExternalId, normalize_external_id
-from models.tasks import NewTask, SourceLink, validated_title_and_description
+from models.tasks import NewTask, validated_new_task
 
 ADAPTERS: dict[str, ModuleType] = {github.PROVIDER: github, jira.PROVIDER: jira}
 
@@ -56,11 +56,9 @@ def read_delivery(
     if external_id is None:
         return NOTHING_READ
     try:
-        title, description = validated_title_and_description(draft.new_task())
+        # The task store's own check (models.tasks.validated_new_task), so the
+        # fast path creates only what the general path's create would.
+        task = validated_new_task(replace(draft.new_task(), external_id=external_id))
     except InvalidTask:
         return Reading(external_id)
-    if not (is_storable(draft.url) and is_storable(draft.remote_key)):
-        return Reading(external_id)
-    source = SourceLink(provider=draft.provider, url=draft.url, remote_key=draft.remote_key)
-    task = NewTask(title=title, description=description, external_id=external_id, source=source)
     return Reading(external_id, task)

@@ -11,7 +11,6 @@ adapter raises for a body it cannot use.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
@@ -20,9 +19,16 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, ValidationError
 
 from ingest.signing import HmacSha256Stream
-from models.tasks import MAX_TITLE_LENGTH, NewTask, SourceLink
+from models.tasks import (
+    MAX_DESCRIPTION_LENGTH,
+    MAX_TITLE_LENGTH,
+    UNSTORABLE_TEXT,
+    NewTask,
+    SourceLink,
+)
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: Ends a description cut to what the task store keeps (see draft_description).
+TRUNCATION_MARKER = "\n\n… (truncated)"
 
 #: How many pydantic errors an :class:`UnsupportedPayload` message names.
 _MAX_REPORTED_ERRORS = 3
@@ -183,15 +189,19 @@ def draft_title(raw: str | None, fallback: str) -> str:
 
 
 def draft_description(raw: str | None) -> str | None:
-    """The description, or None when it is missing or only white space."""
+    """The description, or None when it is missing or only white space.
+
+    Cut to what the task store accepts, ending with :data:`TRUNCATION_MARKER`:
+    the item keeps its task, and the marker tells a reader the rest is at the
+    source link (docs/contract.md, "Validation and normalization").
+    """
     if raw is None or not raw.strip():
         return None
-    return storable_text(raw)
-
-
-def is_storable(text: str) -> bool:
-    """True when every database can store ``text`` as it is (no NUL, no lone surrogate)."""
-    return _UNSTORABLE.search(text) is None
+    description = storable_text(raw)
+    if len(description) > MAX_DESCRIPTION_LENGTH:
+        kept = MAX_DESCRIPTION_LENGTH - len(TRUNCATION_MARKER)
+        description = description[:kept].rstrip() + TRUNCATION_MARKER
+    return description
 
 
 def storable_text(raw: str) -> str:
@@ -201,5 +211,4 @@ def storable_text(raw: str) -> str:
     neither can be encoded into PostgreSQL text. A task with one odd
     character replaced beats a delivery that can never become a task.
     """
-    # json.loads joins escaped surrogate pairs, so any surrogate left is alone.
-    return _UNSTORABLE.sub("\ufffd", raw)
+    return UNSTORABLE_TEXT.sub("\ufffd", raw)

@@ -267,3 +267,10 @@ def _pull_request_draft(delivery: PullRequestEvent) -> TaskDraft:
         remote_key=remote_key,
         external_id=f"gh-pr/{remote_key}",
     )
+
+
+def sent_at(payload: dict[str, Any]) -> float | None:
+    """When the delivery was sent, as a Unix time; None: GitHub's bodies do
+    not say (a redelivery carries the first delivery's body, unchanged)."""
+    del payload
+    return None

@@ -209,13 +209,19 @@ def to_draft(event: str, payload: dict[str, Any], *, site: str | None = None) ->
 def _site_from_api_url(api_url: str | None) -> str:
     # issue.self is https://<site>[/<context path>]/rest/api/2/issue/<id> -- or, in
     # some Cloud payloads, .../rest/api/2/<id>: only the part before /rest/ is reliable.
-    parts = urlsplit(api_url or "")
+    unusable = UnsupportedPayload(
+        "cannot derive the Jira site from issue.self; configure the site explicitly"
+    )
+    try:
+        parts = urlsplit(api_url or "")
+    except ValueError as error:  # "https://[/...", a host NFKC would change (U+FF0F)
+        raise unusable from error
     rest = parts.path.find("/rest/")
     host = parts.netloc.rpartition("@")[2]  # never carry credentials into a link
     if parts.scheme not in ("http", "https") or not host or rest < 0:
-        raise UnsupportedPayload(
-            "cannot derive the Jira site from issue.self; configure the site explicitly"
-        )
+        raise unusable
+    # A link that splits but holds text no database stores (a NUL in the host)
+    # is refused with the rest of the task, by the task store's own check.
     return f"{parts.scheme}://{host}{parts.path[:rest]}"
 
 
@@ -253,3 +259,12 @@ def _adf_text(node: object, *, depth: int) -> str:
         return "".join(parts)
     # Block containers (doc, lists, quotes, tables): one child per line.
     return "\n".join(part for part in parts if part)
+
+
+def sent_at(payload: dict[str, Any]) -> float | None:
+    """The body's ``timestamp`` (milliseconds since the epoch) as a Unix time;
+    None when it has none a number can be read from."""
+    timestamp = payload.get("timestamp")
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
+        return None
+    return timestamp / 1000

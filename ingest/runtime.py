@@ -23,9 +23,12 @@ from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
 from models.db import session_scope
 from models.inbox import (
+    DeliveryStatus,
     IncomingDelivery,
     Recorded,
     delivery_values,
+    kept_apart,
+    kept_apart_recorded,
     postgresql_inbox_sql,
     record_delivery,
     stored_duplicate,
@@ -213,18 +216,24 @@ async def _record_async(
     """``models.inbox.record_delivery`` on a psycopg connection in autocommit
     mode: the same statements (``postgresql_inbox_sql``), the same answers."""
     sql = postgresql_inbox_sql()
-    values = delivery_values(incoming)
-    values["headers"] = Json(values["headers"])
+
+    def parameters(delivery: IncomingDelivery) -> dict[str, object]:
+        values = delivery_values(delivery)
+        values["headers"] = Json(values["headers"])
+        return values
+
     async with connection.cursor() as cursor:
-        await cursor.execute(sql.insert, values)
+        await cursor.execute(sql.insert, parameters(incoming))
         inserted = await cursor.fetchone()
         if inserted is not None:
-            return Recorded(pk=inserted[0], is_new=True, status=incoming.status)
-        await cursor.execute(sql.stored, values)
-        recorded = stored_duplicate(incoming, *await cursor.fetchone())
-        if recorded.payload_mismatch:
-            await cursor.execute(sql.count_mismatch, {"pk": recorded.pk})
-        return recorded
+            return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
+        await cursor.execute(sql.stored, parameters(incoming))
+        stored = stored_duplicate(incoming, *await cursor.fetchone())
+        if not stored.payload_mismatch:
+            return stored
+        await cursor.execute(sql.count_mismatch, {"pk": stored.pk})
+        await cursor.execute(sql.insert, parameters(kept_apart(incoming, stored)))
+        return kept_apart_recorded(stored, await cursor.fetchone())
 
 
 def postgres_conninfo(runtime: Runtime) -> str | None:

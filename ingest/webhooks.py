@@ -4,8 +4,8 @@ Guards run in a fixed order, each with its own status (STYLE, habit 2):
 
     source known (404) -> body within limit (413) -> signature over the raw
     bytes as they stream in (401) -> delivery id present and well-formed (400)
-    -> parse (415, 400) -> event present (400) -> store (503 if the database
-    is down) -> relay -> 202
+    -> parse (415, 400) -> event present (400) -> not too old (400) -> store
+    (503 if the database is down) -> relay -> 202
 
 Every verified delivery is answered 2xx once it is stored -- duplicates too --
 because Jira retries on 409 and on 5xx, and a retry of something we already
@@ -206,6 +206,17 @@ async def _take(
         )
     if not _storable(content_type, CONTENT_TYPE_LENGTH):
         raise Refusal(415, "unsupported content type", "unsupported_media_type")
+    # A body that says when it was sent (Jira's) is refused once it is older
+    # than any retry of its sender: a captured body cannot be replayed for ever.
+    max_age = runtime.settings.max_delivery_age_seconds
+    sent_at = adapter.sent_at(payload)
+    if max_age and sent_at is not None and (age := time.time() - sent_at) > max_age:
+        raise Refusal(
+            400,
+            f"the delivery was sent {age / 3600:.0f} h ago; at most {max_age / 3600:g} h "
+            "is taken (TASKHOOK_MAX_DELIVERY_AGE_SECONDS)",
+            "too_old",
+        )
 
     if event in source.create_events:
         status, reason = DeliveryStatus.QUEUED, None
@@ -231,15 +242,19 @@ async def _take(
         task=reading.task,
     )
     recorded = await runtime.record_delivery(incoming)
-    if not recorded.payload_mismatch:
+    if recorded.payload_mismatch:
+        runtime.metrics.payload_mismatches.labels(provider).inc()
+    else:
         runtime.remember(source.id, delivery_id, fingerprint)
 
-    if not recorded.is_new:
-        if recorded.payload_mismatch:
-            runtime.metrics.payload_mismatches.labels(provider).inc()
+    # Another body under a stored id, kept apart for an operator: to the
+    # sender, the duplicate id it is.
+    if not recorded.is_new or recorded.status is DeliveryStatus.MISMATCH:
         return 202, _DUPLICATE, "duplicate"
     if recorded.status is DeliveryStatus.IGNORED:
         return 202, _IGNORED, "ignored"
+    if recorded.status is DeliveryStatus.REPLAY:
+        return 202, b'{"delivery":%d,"status":"replay"}' % recorded.pk, "replay"
     # Committed first, enqueued after: the message never names a row that
     # might not exist, and a lost message is the sweeper's to recover.
     runtime.relay.submit(recorded.pk)

@@ -24,7 +24,8 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     writers queue instead of failing) and enforced foreign keys (so deleting a
     task deletes its source link, as on PostgreSQL). The parent directory of a
     SQLite file is created, so the default ``./var/taskhook.db`` just works.
-    ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say).
+    ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say) for
+    a server; SQLite takes none of them.
     """
     settings = settings or Settings()
     parsed = make_url(url)
@@ -37,8 +38,12 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
 
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    # The options are a server's (a pool size, PostgreSQL's connection
+    # options); a SQLite file takes none of them.
     engine = create_engine(
-        url, connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000}, **options
+        url,
+        connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000},
+        hide_parameters=options["hide_parameters"],
     )
 
     @event.listens_for(engine, "connect")

@@ -1,6 +1,7 @@
 """The durable inbox: every state change a delivery row goes through.
 
     queued -> processing -> done | ignored | needs_operator | dead
+    replay | mismatch (stored so, never processed)
 
 The ingress records a row (``record_delivery``) and commits it before it
 enqueues anything. A worker takes a lease on the row (``claim``) and may write
@@ -13,6 +14,7 @@ broker lost or whose worker died (``sweepable``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -20,7 +22,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, func, literal_column, or_, select, update
+from sqlalchemy import (
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -36,6 +49,13 @@ class DeliveryStatus(enum.StrEnum):
     IGNORED = "ignored"
     NEEDS_OPERATOR = "needs_operator"
     DEAD = "dead"
+    #: The very body of an earlier delivery of its source, under another
+    #: delivery id: GitHub and Jira keep a delivery's id when they send it
+    #: again, so this is someone resending a captured body. Never processed.
+    REPLAY = "replay"
+    #: Another body under a delivery id already stored, kept as its own
+    #: record for an operator to look at; never processed.
+    MISMATCH = "mismatch"
 
 
 FINISHED = frozenset(
@@ -44,10 +64,25 @@ FINISHED = frozenset(
         DeliveryStatus.IGNORED,
         DeliveryStatus.NEEDS_OPERATOR,
         DeliveryStatus.DEAD,
+        DeliveryStatus.REPLAY,
+        DeliveryStatus.MISMATCH,
     }
 )
-#: Finished states an operator may send back through the worker.
-REPLAYABLE = frozenset({DeliveryStatus.NEEDS_OPERATOR, DeliveryStatus.DEAD})
+#: Finished states an operator may send back through the worker. A replay or
+#: a mismatch goes through only by an operator's decision, as any other.
+REPLAYABLE = frozenset(
+    {
+        DeliveryStatus.NEEDS_OPERATOR,
+        DeliveryStatus.DEAD,
+        DeliveryStatus.REPLAY,
+        DeliveryStatus.MISMATCH,
+    }
+)
+#: What a stored row that made, and will make, no task is: a later body
+#: under its delivery id that is a create goes through on its own record.
+CREATES_NOTHING = frozenset(
+    {DeliveryStatus.IGNORED, DeliveryStatus.REPLAY, DeliveryStatus.MISMATCH}
+)
 
 
 class DeliveryNotFound(TaskStoreError, LookupError):
@@ -110,22 +145,31 @@ class Recorded:
 def record_delivery(*, session: Session, incoming: IncomingDelivery) -> Recorded:
     """Store the delivery once per (source, delivery id). The caller commits.
 
-    A second delivery under a stored id is a duplicate and changes nothing but
-    the mismatch counter when its body differs.
+    In the statements themselves (docs/reliability.md, "Hostile input"):
+
+    - a body its source already sent under another delivery id is stored as a
+      :attr:`~DeliveryStatus.REPLAY`, never processed;
+    - a second delivery under a stored id with the same body is a duplicate,
+      and changes nothing;
+    - with another body, it counts a mismatch on the stored row and is kept as
+      its own record (:func:`kept_apart`): processed when it is a create and
+      the stored row made no task, else a :attr:`~DeliveryStatus.MISMATCH`.
+      A body resent under an id cannot make a genuine create disappear.
     """
     # The ingress's hot path: one statement, built once per dialect (see
     # _insert_statement), with the row's values as parameters.
-    values = delivery_values(incoming)
-    pk = session.execute(
-        _insert_statement(session.get_bind().dialect.name), values
-    ).scalar_one_or_none()
-    if pk is not None:
-        return Recorded(pk=pk, is_new=True, status=incoming.status)
-    stored = session.execute(_STORED_DELIVERY, values).one()
-    recorded = stored_duplicate(incoming, *stored)
-    if recorded.payload_mismatch:
-        session.execute(_COUNT_MISMATCH, {"pk": recorded.pk})
-    return recorded
+    insert = _insert_statement(session.get_bind().dialect.name)
+    inserted = session.execute(insert, delivery_values(incoming)).one_or_none()
+    if inserted is not None:
+        return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
+    stored = stored_duplicate(
+        incoming, *session.execute(_STORED_DELIVERY, delivery_values(incoming)).one()
+    )
+    if not stored.payload_mismatch:
+        return stored
+    session.execute(_COUNT_MISMATCH, {"pk": stored.pk})
+    apart = session.execute(insert, delivery_values(kept_apart(incoming, stored))).one_or_none()
+    return kept_apart_recorded(stored, apart)
 
 
 def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
@@ -177,6 +221,37 @@ def stored_duplicate(
     )
 
 
+def kept_apart(incoming: IncomingDelivery, stored: Recorded) -> IncomingDelivery:
+    """``incoming``, whose id is stored with another body, as a record of its
+    own: under ``<id>#<its body's sha256, 16 digits>`` (so that it, too, is
+    stored once), processed only when it is a create and the stored row made
+    no task, else kept as a mismatch for an operator."""
+    processed = incoming.status is DeliveryStatus.QUEUED and stored.status in CREATES_NOTHING
+    where = (
+        f"delivery id {incoming.delivery_id!r} is stored (delivery {stored.pk}) with another body"
+    )
+    if processed:
+        status, reason = DeliveryStatus.QUEUED, f"{where}, which made no task"
+    else:
+        status, reason = DeliveryStatus.MISMATCH, f"{where}; not processed"
+    return dataclasses.replace(
+        incoming,
+        delivery_id=f"{incoming.delivery_id}#{incoming.body_sha256[:16]}",
+        status=status,
+        status_reason=reason,
+    )
+
+
+def kept_apart_recorded(stored: Recorded, apart: Sequence[object] | None) -> Recorded:
+    """What the ingress answers for a mismatch: its own record when it is new
+    (``apart``: the insert's id and status), else -- the same mismatch sent
+    again -- the stored row, as a duplicate."""
+    if apart is None:
+        return stored
+    pk, status = apart
+    return Recorded(pk=pk, is_new=True, status=DeliveryStatus(status), payload_mismatch=True)
+
+
 #: The task the body describes, as the ingress read it (see Delivery).
 DRAFT_COLUMNS = ("draft_title", "draft_description", "draft_url", "draft_remote_key")
 
@@ -201,6 +276,13 @@ _INSERTED_COLUMNS = (
 )
 
 
+def _constant(text: str):
+    """``text`` written into the statement, not a parameter: the compiled
+    statements (:class:`InboxSQL`) take the row's values, nothing else."""
+    assert "'" not in text
+    return literal_column(f"'{text}'", String)
+
+
 @functools.cache
 def _insert_statement(dialect: str):
     """INSERT ... ON CONFLICT DO NOTHING RETURNING id on the table itself.
@@ -211,11 +293,35 @@ def _insert_statement(dialect: str):
     """
     table = Delivery.__table__
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    values = {name: bindparam(name, type_=table.c[name].type) for name in _INSERTED_COLUMNS}
+    # A replay: the same body from the same source under another id
+    # (ix_deliveries_source_body). Decided in the insert, on what is stored.
+    earlier = (
+        select(func.min(table.c.id))
+        .where(
+            table.c.source_id == values["source_id"],
+            table.c.body_sha256 == values["body_sha256"],
+            table.c.delivery_id != values["delivery_id"],
+        )
+        .scalar_subquery()
+    )
+    values["status"] = case(
+        (earlier.is_not(None), _constant(DeliveryStatus.REPLAY.value)), else_=values["status"]
+    )
+    values["status_reason"] = case(
+        (
+            earlier.is_not(None),
+            _constant("the same body as delivery ")
+            + cast(earlier, String)
+            + _constant(" under another delivery id: a replay, never processed"),
+        ),
+        else_=values["status_reason"],
+    )
     return (
         insert(table)
-        .values({name: bindparam(name, type_=table.c[name].type) for name in _INSERTED_COLUMNS})
+        .values(values)
         .on_conflict_do_nothing(index_elements=[table.c.source_id, table.c.delivery_id])
-        .returning(table.c.id)
+        .returning(table.c.id, table.c.status)
     )
 
 
@@ -267,13 +373,17 @@ class Lease:
 
     delivery_pk: int
     attempt: int
+    #: The retries the delivery has spent (``deliveries.retries``, as the claim
+    #: read it): its budget, which a crash and the sweeper's new message do
+    #: not refill. :func:`defer` counts one more.
+    retries: int = 0
 
 
 def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease | None:
     """Take the delivery for processing, or None when it is finished or another
     worker holds an unexpired lease. Each claim is a new attempt number."""
     now = utcnow()
-    attempt = session.execute(
+    claimed = session.execute(
         update(Delivery)
         .where(
             Delivery.id == delivery_pk,
@@ -291,10 +401,10 @@ def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease 
             lease_expires_at=now + timedelta(seconds=lease_seconds),
             updated_at=now,
         )
-        .returning(Delivery.attempts)
+        .returning(Delivery.attempts, Delivery.retries)
         .execution_options(synchronize_session=False)
-    ).scalar_one_or_none()
-    return None if attempt is None else Lease(delivery_pk, attempt)
+    ).one_or_none()
+    return None if claimed is None else Lease(delivery_pk, *claimed)
 
 
 def _fenced(lease: Lease):
@@ -348,9 +458,16 @@ def defer(
     """Keep the delivery in processing and hold it until ``until`` (a retry's
     countdown): neither the sweeper nor another claim takes it before then.
 
+    The retry is counted on the row (``retries``: the lease's count plus
+    this one) before its message is sent, so a worker that dies before
+    sending it leaves the count where the sweeper's message finds it.
     ``reason`` says what the delivery waits for (shown to operators while it
     waits); ``error`` keeps the error that made it wait, if one did."""
-    values: dict[str, object] = {"lease_expires_at": until, "updated_at": utcnow()}
+    values: dict[str, object] = {
+        "lease_expires_at": until,
+        "retries": lease.retries + 1,
+        "updated_at": utcnow(),
+    }
     if error is not None:
         values["last_error"] = error
     if reason is not None:
@@ -436,10 +553,13 @@ def replay(*, session: Session, delivery_pk: int) -> Delivery:
     if delivery.status not in REPLAYABLE:
         raise NotReplayable(
             f"delivery {delivery_pk} is {delivery.status}; only "
-            f"{' or '.join(sorted(REPLAYABLE))} deliveries can be replayed"
+            f"{', '.join(sorted(REPLAYABLE)[:-1])} or {sorted(REPLAYABLE)[-1]} deliveries "
+            "can be replayed"
         )
     delivery.status = DeliveryStatus.QUEUED.value
     delivery.status_reason = "replayed by an operator"
+    # A fresh retry budget: an operator replays after fixing the cause.
+    delivery.retries = 0
     if delivery.created_task_id is not None and session.get(Task, delivery.created_task_id) is None:
         # Its task was deleted before its creation settled, and the worker
         # parked it rather than create it again: replaying is the operator's

@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(
         default=5, ge=1, description="Retry-After of a 503 while the database is unreachable."
     )
+    max_delivery_age_seconds: float = Field(
+        default=24 * 3600,
+        ge=0,
+        description="Oldest delivery taken, for bodies that say when they were sent "
+        "(Jira's timestamp): older ones are refused with 400, so a captured body cannot be "
+        "replayed for ever. Jira's own retries come within minutes. 0 takes any age.",
+    )
     metrics_token: str | None = Field(
         default=None,
         description="When set, /metrics answers only 'Authorization: Bearer <token>' "

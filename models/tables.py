@@ -226,6 +226,8 @@ class Delivery(Base):
         UniqueConstraint("source_id", "delivery_id"),
         Index("ix_deliveries_status_updated_at", "status", "updated_at"),
         Index("ix_deliveries_task_id", "task_id"),
+        # The ingress's replay check: a body its source sent under another id.
+        Index("ix_deliveries_source_body", "source_id", "body_sha256"),
         {"sqlite_autoincrement": True},
     )
 
@@ -249,6 +251,16 @@ class Delivery(Base):
     #: Processing attempts taken so far; also the fencing generation of the
     #: current lease: a worker may write only while it holds the latest one.
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    #: Retries spent so far: the budget TASKHOOK_DATABASE_MAX_RETRIES and
+    #: TASKHOOK_UNSETTLED_MAX_RETRIES bound. Counted when a worker defers the
+    #: delivery for a retry, and reset by a replay; kept here, not in the
+    #: broker's message, whose count starts again at 0 when the sweeper sends
+    #: the delivery of a worker that died. Not ``attempts``: that one counts
+    #: every claim (a crash's, a replay's) and must only ever grow, because it
+    #: fences the lease, so it can neither start a replay's fresh budget nor
+    #: tell a retry from a recovery. A server default only, so the ingress's
+    #: INSERT (models.inbox.record_delivery) leaves the column out.
+    retries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     lease_expires_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
     #: The create outcome (a CreateOutcome value) and the task it named.

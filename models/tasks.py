@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -44,7 +44,20 @@ from models.tables import (
     utcnow,
 )
 
+#: The longest title a task keeps (characters; the column is VARCHAR(500)).
 MAX_TITLE_LENGTH = 500
+#: The longest description a task keeps, in characters. GitHub caps an issue
+#: or pull request body at 65,536 characters and Jira Cloud a description at
+#: 32,767, so a real item fits whole; the adapters cut anything longer
+#: (ingest.drafts.draft_description) rather than lose the delivery.
+MAX_DESCRIPTION_LENGTH = 65_536
+#: What the source link's columns hold (models.tables.TaskSource).
+MAX_PROVIDER_LENGTH = 32
+MAX_REMOTE_KEY_LENGTH = 255
+#: Text no database stores: PostgreSQL text cannot hold a NUL, and a lone
+#: surrogate has no UTF-8 encoding. JSON can escape either ("\\u0000", "\\ud800"),
+#: and ``json.loads`` joins escaped surrogate pairs, so any surrogate left is alone.
+UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 class CreateOutcome(enum.Enum):
@@ -235,8 +248,10 @@ def _insert_new_task(
     """Steps 4-5. The new task, a Found result from the backstop, or None when
     the identity was freed again while we looked (the caller starts over)."""
     try:
-        # 4. required create-time validation
-        title, description = validated_title_and_description(new)
+        # 4. required create-time validation: everything the create writes,
+        #    the source link included, so nothing the database refuses can
+        #    fail a write after the insert commits and leave the task unsettled.
+        valid = validated_new_task(new)
         # 5. identifier allocation, WIP admission, task-row insert: one transaction.
         #    The sequence UPDATE locks the workspace row, which also serializes
         #    the WIP count below against concurrent creates.
@@ -254,8 +269,8 @@ def _insert_new_task(
     task = Task(
         workspace_id=workspace.id,
         identifier=identifier,
-        title=title,
-        description=description,
+        title=valid.title,
+        description=valid.description,
         step_id=step.id,
         external_id=external_id,
         created_by_delivery=new.created_by_delivery,
@@ -280,15 +295,53 @@ def _insert_new_task(
     return task
 
 
-def validated_title_and_description(new: NewTask) -> tuple[str, str | None]:
-    title = new.title.strip() if isinstance(new.title, str) else ""
+def validated_new_task(new: NewTask) -> NewTask:
+    """``new`` as the task store keeps it: the title stripped, everything else as given.
+
+    The one check of everything a create writes -- the title, the
+    description and the source link (step 6) -- run by the create before its
+    insert, and by the ingress on the task it keeps for the worker's fast
+    path (``ingest.adapters.read_delivery``), so the two cannot disagree
+    (docs/contract.md, "Validation and normalization"). Raises
+    :class:`InvalidTask` naming the field and the rule it breaks: a title
+    missing or over :data:`MAX_TITLE_LENGTH`, a description over
+    :data:`MAX_DESCRIPTION_LENGTH`, a link field over its column, or text no
+    database stores (:data:`UNSTORABLE_TEXT`) anywhere.
+    """
+    if new.source is not None:
+        _checked_text(new.source.provider, what="source provider", limit=MAX_PROVIDER_LENGTH)
+        _checked_text(new.source.url, what="source url", limit=None)
+        _checked_text(new.source.remote_key, what="source remote_key", limit=MAX_REMOTE_KEY_LENGTH)
+    return replace(
+        new, title=_validated_title(new.title), description=_validated_description(new.description)
+    )
+
+
+def _validated_title(raw: object) -> str:
+    title = raw.strip() if isinstance(raw, str) else ""
     if not title:
         raise InvalidTask("title is required")
-    if len(title) > MAX_TITLE_LENGTH:
-        raise InvalidTask(f"title must be at most {MAX_TITLE_LENGTH} characters")
-    if new.description is not None and not isinstance(new.description, str):
-        raise InvalidTask("description must be text")
-    return title, new.description
+    return _checked_text(title, what="title", limit=MAX_TITLE_LENGTH)
+
+
+def _validated_description(raw: object) -> str | None:
+    if raw is None:
+        return None
+    return _checked_text(raw, what="description", limit=MAX_DESCRIPTION_LENGTH)
+
+
+def _checked_text(value: object, *, what: str, limit: int | None) -> str:
+    if not isinstance(value, str):
+        raise InvalidTask(f"{what} must be text")
+    unstorable = UNSTORABLE_TEXT.search(value)
+    if unstorable:
+        raise InvalidTask(
+            f"{what} holds text no database stores "
+            f"(U+{ord(unstorable.group()):04X} at position {unstorable.start()})"
+        )
+    if limit is not None and len(value) > limit:
+        raise InvalidTask(f"{what} must be at most {limit} characters (got {len(value)})")
+    return value
 
 
 def _allocate_identifier(session: Session, workspace: Workspace) -> str:
@@ -565,12 +618,13 @@ def update_task(
     """Edit a task's title and description. There is deliberately no way to
     change its external id: it is set once, at create."""
     task = get_task(session=session, caller=caller, task_id=task_id)
+    # The create's rules (validated_new_task); a refusal rolls the unit of work back.
     if title is not None:
-        task.title, _ = validated_title_and_description(NewTask(title=title))
+        task.title = _validated_title(title)
     if clear_description:
         task.description = None
     elif description is not None:
-        task.description = description
+        task.description = _validated_description(description)
     task.updated_at = utcnow()
     session.flush()
     return task

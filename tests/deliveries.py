@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+import time
 import uuid
 from pathlib import Path
 
@@ -24,8 +26,20 @@ GITHUB_EVENT_OF = {
 }
 
 
+#: When "now" is for this test run: Jira's bodies say when they were sent,
+#: and the ingress refuses old ones (TASKHOOK_MAX_DELIVERY_AGE_SECONDS).
+SENT_AT_MS = time.time_ns() // 1_000_000
+_JIRA_TIMESTAMP = re.compile(rb'("timestamp":\s*)\d+')
+
+
 def fixture(provider: str, name: str) -> bytes:
-    return (FIXTURES / provider / f"{name}.json").read_bytes()
+    """The recorded body, byte for byte -- but for a Jira body's ``timestamp``,
+    which says the test run's start (:data:`SENT_AT_MS`), as a fresh delivery
+    would. The same for every call in a run, so a redelivery is the same bytes."""
+    body = (FIXTURES / provider / f"{name}.json").read_bytes()
+    if provider == "jira":
+        body = _JIRA_TIMESTAMP.sub(rb"\g<1>%d" % SENT_AT_MS, body, count=1)
+    return body
 
 
 def fixture_names(provider: str) -> list[str]:

@@ -11,11 +11,13 @@ statements, each its own transaction, on one connection in autocommit mode:
 1. **claim and insert** -- take the lease (``models.inbox.claim``), then the
    create sequence up to its insert (docs/contract.md, "The create
    sequence"): step 3's lookup before any write to the task store, step 4's
-   validation (done by the ingress when it kept the draft), step 5's
-   identifier allocation, WIP admission and task row. The claim records the
-   task's id on the delivery row (``created_task_id``), so the insert commits
-   with its fence, as on the general path (docs/contract.md, "Fencing the
-   create"). The workspace's sequence row is locked only for this statement;
+   validation (done by the ingress when it kept the draft, with the task
+   store's own ``validated_new_task``; the statement re-checks the lengths,
+   for drafts an older ingress kept), step 5's identifier allocation, WIP
+   admission and task row. The claim records the task's id on the delivery
+   row (``created_task_id``), so the insert commits with its fence, as on
+   the general path (docs/contract.md, "Fencing the create"). The
+   workspace's sequence row is locked only for this statement;
 2. **settle and finish** -- steps 6 and 7 (the source link, then the
    conditional settlement UPDATE with ``external_id`` in its predicate), the
    ``task.created`` event, and the delivery's ``done`` record fenced by the
@@ -35,9 +37,9 @@ general path, at a point where that path's answer is the right one:
 - the first statement claimed but inserted nothing (a task holds the
   identity, the intake step has a WIP limit or is missing, the workspace is
   gone, the event no longer creates tasks, the row has no draft or its draft
-  names no identity, an earlier attempt already inserted a task): only the
-  lease was written, so the general path decides from its lookup, or from
-  the earlier attempt's task;
+  names no identity or is longer than the task store keeps, an earlier
+  attempt already inserted a task): only the lease was written, so the
+  general path decides from its lookup, or from the earlier attempt's task;
 - another create won the unique index between the lookup and the insert:
   the statement rolled back whole, claim included (:class:`LostTheRace`), so
   the general path claims and its lookup finds the winner -- the create
@@ -65,7 +67,12 @@ from models.events import EventType
 from models.external_id import UNICODE_WHITE_SPACE
 from models.inbox import DeliveryStatus, Lease
 from models.tables import EXTERNAL_ID_INDEX, Task, utcnow
-from models.tasks import SourceLink
+from models.tasks import (
+    MAX_DESCRIPTION_LENGTH,
+    MAX_REMOTE_KEY_LENGTH,
+    MAX_TITLE_LENGTH,
+    SourceLink,
+)
 
 #: A PostgreSQL regular expression for a value that is Unicode White_Space
 #: only: an identity no task may be created with (docs/contract.md,
@@ -76,8 +83,13 @@ _BLANK = "^[" + "".join(f"\\u{ord(c):04x}" for c in UNICODE_WHITE_SPACE) + "]*$"
 # One statement, one snapshot. The claim decides whether this is the plain
 # case, on the row it updates (re-checked by PostgreSQL if a concurrent
 # update got there first): no earlier attempt's task, a draft naming an
-# identity, a creating event, step 3's lookup missing (the NOT EXISTS), and
-# an intake step without a WIP limit -- counting a step's tasks needs the
+# identity and within the task store's lengths, a creating event, step 3's
+# lookup missing (the NOT EXISTS), and an intake step without a WIP limit.
+# The ingress checked the draft with models.tasks.validated_new_task, but a
+# row kept by an older ingress may hold a longer description, so the lengths
+# are checked again with that module's limits (NUL and lone surrogates never
+# reach PostgreSQL text at all); a draft over them goes to the general path,
+# which reads the body afresh. Counting a step's tasks needs the
 # workspace lock held *before* the count's snapshot, which one statement
 # cannot give, so a limited step goes to the general path and no sequence
 # number is spent here. In the plain case the claim also records the id the
@@ -98,6 +110,9 @@ WITH new_task AS (
                WHEN d.created_task_id IS NULL
                 AND d.draft_title IS NOT NULL
                 AND d.external_id IS NOT NULL AND d.external_id !~ '{_BLANK}'
+                AND char_length(d.draft_title) <= %(max_title)s
+                AND coalesce(char_length(d.draft_description), 0) <= %(max_description)s
+                AND char_length(d.draft_remote_key) <= %(max_remote_key)s
                 AND s.create_events::jsonb ? d.event
                 AND NOT EXISTS (
                     SELECT FROM tasks AS t
@@ -114,8 +129,8 @@ WITH new_task AS (
        AND s.id = d.source_id
        AND (d.status = '{DeliveryStatus.QUEUED.value}'
             OR (d.status = '{DeliveryStatus.PROCESSING.value}' AND d.lease_expires_at <= %(now)s))
-    RETURNING d.attempts, d.created_task_id, d.external_id, d.draft_title, d.draft_description,
-              d.draft_url, d.draft_remote_key, s.provider, s.workspace_id
+    RETURNING d.attempts, d.retries, d.created_task_id, d.external_id, d.draft_title,
+              d.draft_description, d.draft_url, d.draft_remote_key, s.provider, s.workspace_id
 ), plain AS (
     SELECT claimed.* FROM claimed, new_task WHERE claimed.created_task_id = new_task.id
 ), intake AS (
@@ -135,7 +150,7 @@ WITH new_task AS (
       FROM plain, number, intake
     RETURNING id, identifier
 )
-SELECT c.attempts, i.id, i.identifier, c.workspace_id, c.external_id,
+SELECT c.attempts, c.retries, i.id, i.identifier, c.workspace_id, c.external_id,
        c.provider, c.draft_url, c.draft_remote_key,
        EXISTS (SELECT FROM plain) AS marked
   FROM claimed AS c LEFT JOIN inserted AS i ON true
@@ -223,7 +238,14 @@ class FastPath:
 
         Raises :class:`LostTheRace` when a rival create won the unique index.
         """
-        params = {"delivery": delivery_pk, "now": utcnow(), "lease_seconds": lease_seconds}
+        params = {
+            "delivery": delivery_pk,
+            "now": utcnow(),
+            "lease_seconds": lease_seconds,
+            "max_title": MAX_TITLE_LENGTH,
+            "max_description": MAX_DESCRIPTION_LENGTH,
+            "max_remote_key": MAX_REMOTE_KEY_LENGTH,
+        }
         try:
             row = self.connection.execute(_CLAIM_AND_INSERT, params).fetchone()
         except errors.UniqueViolation as error:
@@ -232,9 +254,10 @@ class FastPath:
             raise LostTheRace() from error
         if row is None:
             return None
-        attempt, task_id, identifier, workspace_id, external_id, provider, url, remote_key = row[:8]
-        lease = Lease(delivery_pk, attempt)
-        if row[8] and task_id is None:
+        attempt, retries, task_id, identifier, workspace_id, external_id = row[:6]
+        provider, url, remote_key, marked = row[6:]
+        lease = Lease(delivery_pk, attempt, retries)
+        if marked and task_id is None:
             # Cannot happen while the claim's conditions and the insert's agree;
             # were it to, the marker names a task that does not exist, and the
             # delivery parks for an operator rather than creating twice.

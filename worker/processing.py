@@ -11,7 +11,11 @@ A delivery's run, in order:
    it is finished or another worker holds it;
 2. parse the body with the source's provider adapter; an event the source
    does not create tasks for is ``ignored``, a body the adapter cannot use is
-   ``dead`` -- never a retry loop;
+   ``dead`` -- never a retry loop. So is a task holding a value the task
+   store would refuse (``models.tasks.validated_new_task``: text no database
+   stores, a link field too long for its column): it is refused here, before
+   the lookup, as an unusable body, rather than found out by a write after
+   the insert, which would leave a task that never settles;
 3. when an earlier attempt of this delivery inserted a task
    (``created_task_id``), finish that create, or park the delivery when that
    task was deleted before it settled; otherwise ``create_task`` with the
@@ -37,8 +41,9 @@ run's task (and may finish it, because the task names this delivery as its
 creator: a create may finish its own work, never another's --
 docs/contract.md, "Where taskhook extends the basic contract").
 
-How each answer of the task store ends (``retries`` is how many times the
-message has been retried so far; each kind of retry stops at its own limit):
+How each answer of the task store ends (``retries`` is how many retries the
+delivery has spent, counted on its inbox row so that a crash does not start
+the count over; each kind of retry stops at its own limit):
 
 ==========================================  ===========================================
 Created, CreatedIdentityLost, FoundSettled  ``done``
@@ -52,9 +57,10 @@ attempt inserted is gone                    this delivery was creating; recreati
                                             is a person's call (replay)
 LeaseTakenOver (the insert's fence)         nothing: the newer attempt records the delivery
 WorkspaceMisconfigured                      ``needs_operator``: fix the workflow, replay
-InvalidTask, InvalidExternalId,             ``dead``: the same body fails the same way
-WorkspaceNotAccessible                      every time (the source's workspace is gone)
-unsupported body or content type            ``dead``
+InvalidExternalId, WorkspaceNotAccessible   ``dead``: the same body fails the same way
+                                            every time (the source's workspace is gone)
+unsupported body or content type, or a      ``dead``, "unsupported payload"
+task the store would refuse (InvalidTask)
 database error (``TRANSIENT_ERRORS``)       retry; past ``database_max_retries`` ``dead``
                                             with the error in ``last_error``
 anything else (a bug)                       ``dead`` with the error: a poison message
@@ -108,6 +114,7 @@ from models.tasks import (
     SourceLink,
     complete_creation,
     create_task,
+    validated_new_task,
 )
 from worker.failpoints import (
     AFTER_INSERT,
@@ -274,7 +281,11 @@ def process_delivery(
     ``session`` is the caller's unit of work: this function commits where the
     contract needs a write durable before the next step (the claim, and the
     task store's own two commits) and leaves the last write to the caller's
-    commit. ``transient`` are the errors worth retrying.
+    commit. ``retries`` is the message's own retry count: the row's count
+    (``deliveries.retries``) is the budget, and the message's counts only
+    when larger -- the retries of a message whose claim never reached the
+    database (it was down) were counted nowhere else. ``transient`` are the
+    errors worth retrying.
     """
     lease: Lease | None = None  # set once the claim has committed
     resources = ExitStack()  # the fast path's connection, back to the pool at the end
@@ -286,12 +297,13 @@ def process_delivery(
         claimed = _claim(session, fast, delivery_pk, settings, misses)
         if claimed is None:
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
-        lease = claimed.lease
+        # The row's budget, which a crash does not refill (see above).
+        lease = replace(claimed.lease, retries=max(claimed.lease.retries, retries))
         if fast is not None and claimed.inserted is not None:
             processed = _settle_fast(session, fast, lease, claimed.inserted, hooks)
             return replace(processed, path="fast")
         work = _load(session, lease)
-        return replace(_run(session, lease, work, settings, retries, misses, rng), path="general")
+        return replace(_run(session, lease, work, settings, misses, rng), path="general")
     except transient as error:
         session.rollback()
         return _after_transient_error(
@@ -377,7 +389,6 @@ def _run(
     lease: Lease,
     work: Work,
     settings: Settings,
-    retries: int,
     misses: _LookupMisses,
     rng: random.Random,
 ) -> Processed:
@@ -404,8 +415,15 @@ def _run(
         # without one would be made again by every redelivery.
         reason = f"cannot become a task: the payload names no external id ({draft.external_id!r})"
         return _finish(session, lease, DeliveryStatus.DEAD, reason=reason)
+    try:
+        # Everything the create will write, checked before its insert by the
+        # task store's own rules (docs/contract.md, "Validation and
+        # normalization"): a value no database stores must end the delivery
+        # here, not fail the source link's write after the task committed.
+        new = validated_new_task(replace(draft.new_task(), created_by_delivery=work.delivery_pk))
+    except InvalidTask as error:
+        return _finish(session, lease, DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
 
-    new = replace(draft.new_task(), created_by_delivery=work.delivery_pk)
     if work.created_task_id is not None:
         return _finish_earlier_attempts_create(session, lease, work.created_task_id, new)
     try:
@@ -419,7 +437,7 @@ def _run(
         )
     except LeaseTakenOver:
         return _taken_over(lease)  # nothing was inserted: the insert rolled back
-    except (InvalidTask, InvalidExternalId, WorkspaceNotAccessible) as error:
+    except (InvalidExternalId, WorkspaceNotAccessible) as error:
         session.rollback()
         return _finish(session, lease, DeliveryStatus.DEAD, reason=f"cannot become a task: {error}")
     except WorkspaceMisconfigured as error:
@@ -433,7 +451,6 @@ def _run(
             why=f"workspace {work.workspace_id}: {error}",
             outcome=None,
             task_id=None,
-            retries=retries,
             settings=settings,
             rng=rng,
         )
@@ -462,7 +479,6 @@ def _run(
             why=_held_by(holder),
             outcome=result.outcome.value,
             task_id=holder.id,
-            retries=retries,
             settings=settings,
             rng=rng,
         )
@@ -598,12 +614,11 @@ def _wait_or_park(
     why: str,
     outcome: str | None,
     task_id: int | None,
-    retries: int,
     settings: Settings,
     rng: random.Random,
 ) -> Processed:
     """Retry later while the obstacle may clear; past the limit, park for a person."""
-    limit = settings.unsettled_max_retries
+    retries, limit = lease.retries, settings.unsettled_max_retries
     delay = next_retry(retries, limit=limit, settings=settings, rng=rng)
     if delay is None:
         log.warning("delivery %s needs an operator: %s", lease.delivery_pk, why)
@@ -642,6 +657,9 @@ def _after_transient_error(
     transient: tuple[type[BaseException], ...],
 ) -> Processed:
     summary = _describe(error)
+    # Without a lease the row was not read (the claim itself failed): the
+    # message's count is all there is.
+    retries = retries if lease is None else lease.retries
     limit = settings.database_max_retries
     delay = next_retry(retries, limit=limit, settings=settings, rng=rng)
     if delay is None:

@@ -4,7 +4,9 @@ Beat sends SWEEP every ``sweep_interval_seconds``. Redis here keeps nothing on
 disk and the embedded filesystem broker never redelivers an unacknowledged
 message, so the inbox table -- not the broker -- is the record of what is
 left to do. A row sent twice is harmless: its second run finds it claimed or
-finished (see ``worker.processing``).
+finished (see ``worker.processing``). A message sent here starts its retry
+count at 0, but the delivery's budget is on its row (``deliveries.retries``),
+so a worker's death does not refill it.
 """
 
 from __future__ import annotations

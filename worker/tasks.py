@@ -40,6 +40,8 @@ def _process(delivery_pk: int, *, retries: int) -> processing.Processed:
 @shared_task(name=PROCESS_DELIVERY, bind=True, max_retries=None)
 def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
     """PROCESS_DELIVERY(delivery_pk): turn the stored delivery into its task, once."""
+    # The message's own count; the budget is the row's (deliveries.retries),
+    # which the sweeper's message for a dead worker's delivery does not reset.
     processed = _process(int(delivery_pk), retries=self.request.retries or 0)
     failpoint(BEFORE_ACK, delivery=int(delivery_pk))
     if processed.retry_in is not None:

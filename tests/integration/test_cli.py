@@ -1116,7 +1116,8 @@ def test_replay_refuses_a_delivery_that_is_not_parked_or_dead(store: Store, cele
     _, first, _ = a_settled_task(store)
     line = refused(taskhook(store, "deliveries", "replay", str(first)))
     assert line == (
-        f"Error: delivery {first} is done; only dead or needs_operator deliveries can be replayed"
+        f"Error: delivery {first} is done; only dead, mismatch, needs_operator or replay "
+        "deliveries can be replayed"
     )
     assert (
         refused(taskhook(store, "deliveries", "replay", "999")) == "Error: delivery 999 not found"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
@@ -17,6 +19,7 @@ from models.errors import (
 from models.external_id import ExternalIdHasControlCharacter
 from models.tables import Task, TaskSource
 from models.tasks import (
+    MAX_DESCRIPTION_LENGTH,
     NO_HOOKS,
     CreateHooks,
     CreateOutcome,
@@ -366,6 +369,57 @@ def test_create_time_validation_runs_after_the_lookup(store: Store):
     with pytest.raises(InvalidTask):
         create(store, workspace.id, "jira:PROJ-2", title="   ")
     assert sequence_of(store, workspace.id) == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (
+            SourceLink("github", "https://github.com/o/r/issues/1\u0000", "o/r#1"),
+            "source url holds text no database stores (U+0000 at position 31)",
+        ),
+        (
+            SourceLink("github", "https://github.com/o/r/issues/\ud8001", "o/r#1"),
+            "source url holds text no database stores (U+D800 at position 30)",
+        ),
+        (
+            SourceLink("jira", "https://acme.atlassian.net/browse/P-1", "P-1\u0000"),
+            "source remote_key holds text no database stores (U+0000 at position 3)",
+        ),
+        (
+            SourceLink("jira", "https://acme.atlassian.net/browse/P-1", "P" * 256),
+            "source remote_key must be at most 255 characters (got 256)",
+        ),
+    ],
+    ids=["nul-in-url", "surrogate-in-url", "nul-in-key", "key-too-long"],
+)
+def test_a_source_link_the_database_cannot_store_is_refused_before_the_insert(
+    store: Store, source: SourceLink, reason: str
+):
+    # Found out by the link's write after the insert committed, it would leave
+    # a task that never settles, holding the identity for good.
+    workspace = store.workspace()
+    with pytest.raises(InvalidTask) as refused:
+        create(store, workspace.id, "gh-issue/o/r#1", source=source)
+
+    assert str(refused.value) == reason
+    assert (count_tasks(store), sequence_of(store, workspace.id)) == (0, 0)
+
+
+def test_a_description_over_the_limit_or_unstorable_is_refused_before_the_insert(store: Store):
+    workspace = store.workspace()
+    for description, reason in [
+        ("d" * (MAX_DESCRIPTION_LENGTH + 1), "description must be at most 65536 characters"),
+        ("nul\u0000", "description holds text no database stores (U+0000 at position 3)"),
+    ]:
+        with store.sessions() as session, pytest.raises(InvalidTask, match=re.escape(reason)):
+            create_task(
+                session=session,
+                caller=TRUSTED,
+                workspace_id=workspace.id,
+                new=NewTask(title="t", description=description, external_id="jira:P-1"),
+            )
+    assert (count_tasks(store), sequence_of(store, workspace.id)) == (0, 0)
 
 
 def test_writing_the_source_link_twice_is_a_no_op(store: Store):

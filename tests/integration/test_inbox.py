@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import timedelta
 
 import pytest
@@ -34,6 +35,11 @@ from tests.conftest import Store
 BODY = b'{"webhookEvent": "jira:issue_created", "note": "\\u0000 stays escaped"}'
 
 
+def body_for(delivery_id: str) -> bytes:
+    """Each delivery's own body: one body under two delivery ids is a replay."""
+    return BODY[:-1] + b', "delivery": "' + delivery_id.encode() + b'"}'
+
+
 def a_source(store: Store, slug: str = "acme-jira", secret: str = "s3cret") -> int:
     workspace = store.workspace()
     with session_scope(store.sessions) as session:
@@ -47,11 +53,13 @@ def a_source(store: Store, slug: str = "acme-jira", secret: str = "s3cret") -> i
         ).id
 
 
-def record(store: Store, source_id: int, delivery_id: str = "1001", body: bytes = BODY, **extra):
+def record(
+    store: Store, source_id: int, delivery_id: str = "1001", body: bytes | None = None, **extra
+):
     incoming = IncomingDelivery(
         source_id=source_id,
         delivery_id=delivery_id,
-        body=body,
+        body=body_for(delivery_id) if body is None else body,
         event="jira:issue_created",
         action=None,
         headers={"User-Agent": "Atlassian Webhook HTTP Client"},
@@ -89,13 +97,66 @@ def test_the_same_delivery_twice_is_one_row(store: Store):
     assert store.scalar("SELECT count(*) FROM deliveries") == 1
 
 
-def test_another_body_under_a_stored_id_is_counted_not_stored(store: Store):
+def test_another_body_under_a_stored_id_is_counted_and_kept_apart_unprocessed(store: Store):
     source_id = a_source(store)
     first = record(store, source_id)
-    again = record(store, source_id, body=b'{"something": "else"}')
+    other = b'{"something": "else"}'
+    apart = record(store, source_id, body=other)
+    again = record(store, source_id, body=other)
+
+    assert (apart.is_new, apart.status, apart.payload_mismatch) == (
+        True,
+        DeliveryStatus.MISMATCH,
+        True,
+    )
+    kept = row(store, apart.pk)
+    assert kept.delivery_id == f"1001#{hashlib.sha256(other).hexdigest()[:16]}"
+    assert kept.status_reason == (
+        f"delivery id '1001' is stored (delivery {first.pk}) with another body; not processed"
+    )
     assert (again.pk, again.is_new, again.payload_mismatch) == (first.pk, False, True)
-    assert row(store, first.pk).body == BODY
-    assert row(store, first.pk).payload_mismatches == 1
+    assert row(store, first.pk).body == body_for("1001")
+    assert row(store, first.pk).payload_mismatches == 2
+
+
+def test_a_create_under_the_id_of_a_row_that_made_no_task_goes_through_on_its_own(store: Store):
+    """Jira: a signed comment body sent under 7002 first (ignored, or a replay)
+    cannot make the genuine issue_created under 7002 disappear."""
+    source_id = a_source(store)
+    decoy = record(store, source_id, "7002", status=DeliveryStatus.IGNORED, status_reason="x")
+    genuine = record(store, source_id, "7002", body=body_for("genuine"))
+
+    assert (genuine.is_new, genuine.status) == (True, DeliveryStatus.QUEUED)
+    assert genuine.pk != decoy.pk
+    assert row(store, genuine.pk).status_reason == (
+        f"delivery id '7002' is stored (delivery {decoy.pk}) with another body, which made no task"
+    )
+
+
+def test_the_same_body_under_another_delivery_id_is_a_replay_never_processed(store: Store):
+    source_id = a_source(store)
+    original = record(store, source_id, "guid-1", body=BODY)
+    replayed = record(store, source_id, "attacker-guid-1", body=BODY)
+    with session_scope(store.sessions) as session:
+        other_source = add_source(
+            session=session,
+            provider="jira",
+            workspace_id=store.scalar("SELECT id FROM workspaces"),
+            slug="other-jira",
+            secret="s3cret",
+            create_events=["jira:issue_created"],
+        ).id
+    elsewhere = record(store, other_source, "guid-2", body=BODY)
+
+    assert (replayed.is_new, replayed.status) == (True, DeliveryStatus.REPLAY)
+    assert row(store, replayed.pk).status_reason == (
+        f"the same body as delivery {original.pk} under another delivery id: "
+        "a replay, never processed"
+    )
+    # Another source may send the same bytes: a replay is per source.
+    assert elsewhere.status is DeliveryStatus.QUEUED
+    with session_scope(store.sessions) as session:
+        assert claim(session=session, delivery_pk=replayed.pk, lease_seconds=60) is None
 
 
 def test_an_ignored_event_is_stored_as_ignored(store: Store):

@@ -136,3 +136,39 @@ def test_sqlite_never_reuses_a_task_id(store: Store):
         return
     sql = store.scalar("SELECT sql FROM sqlite_master WHERE name = 'tasks'")
     assert "AUTOINCREMENT" in sql
+
+
+def test_0010_gives_rows_stored_before_it_a_budget_with_nothing_spent(empty_engine: Engine):
+    with empty_engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0009")
+        connection.execute(
+            text(
+                "INSERT INTO workspaces (id, slug, name, task_prefix, created_at) "
+                "VALUES (1, 'acme', 'Acme', 'ACME', CURRENT_TIMESTAMP)"
+            )
+        )
+        connection.execute(
+            text(
+                "INSERT INTO webhook_sources (id, slug, provider, workspace_id, create_events, "
+                "created_at) VALUES (1, 'acme-github', 'github', 1, '[]', CURRENT_TIMESTAMP)"
+            )
+        )
+        connection.execute(
+            text(
+                "INSERT INTO deliveries (source_id, delivery_id, body, body_sha256, event, "
+                "headers, received_at, updated_at, status, attempts) VALUES (1, 'd-1', :body, "
+                "'0', 'issues.opened', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, "
+                "'processing', 7)"
+            ),
+            {"body": b"{}"},
+        )
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+
+    with empty_engine.connect() as connection:
+        assert connection.execute(text("SELECT attempts, retries FROM deliveries")).one() == (7, 0)
+
+    with empty_engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0009")
+    columns = {column["name"] for column in inspect(empty_engine).get_columns("deliveries")}
+    assert "retries" not in columns and "attempts" in columns

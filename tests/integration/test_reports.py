@@ -71,7 +71,8 @@ def a_delivery(
     incoming = IncomingDelivery(
         source_id=source_id,
         delivery_id=delivery_id,
-        body=b'{"action": "opened"}',
+        # A body of its own: one body under two delivery ids is a replay.
+        body=b'{"action": "opened", "delivery": "%s"}' % delivery_id.encode(),
         event="issues.opened",
         action="opened",
         headers=headers or {"X-GitHub-Event": "issues", "User-Agent": "GitHub-Hookshot/abc"},
@@ -293,7 +294,7 @@ def test_showing_a_delivery_never_shows_a_signature_or_credential(store: Store):
     assert (detail.summary.source, detail.workspace, detail.body_bytes) == (
         "acme-github",
         "acme",
-        20,
+        len(b'{"action": "opened", "delivery": "d-1"}'),
     )
     assert "deadbeef" not in repr(asdict(detail))
 
@@ -484,6 +485,8 @@ def test_stats_count_by_status_and_age_the_oldest_queued_delivery(store: Store):
         "processing": 0,
         "done": 0,
         "ignored": 0,
+        "replay": 0,
+        "mismatch": 0,
         "needs_operator": 0,
         "dead": 1,
     }

@@ -825,7 +825,7 @@ def failing_ingress(shared_database, private_redis, module_logs):
         "uvicorn-failing",
         module_logs / f"uvicorn-failing-{port}.log",
         [
-            *(sys.executable, "-m", "uvicorn", "tests.reliability.failing_app:app"),
+            *(sys.executable, "-m", "ingest.server", "tests.reliability.failing_app:app"),
             *("--host", "127.0.0.1", "--port", str(port), "--no-access-log"),
         ],
         worker_environment(shared_database.url, private_redis.url),

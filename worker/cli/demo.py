@@ -9,6 +9,7 @@ import hmac
 import json
 import secrets
 import shlex
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -120,7 +121,7 @@ def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) 
     sample = FIXTURES / provider / f"{SAMPLES[provider]}.json"
     if not sample.exists():
         raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
-    body = sample.read_bytes()
+    body = _sent_now(provider, sample.read_bytes())
     url = webhook_url(runtime.settings, provider, slug)
     headers = _signed_headers(provider, body, source.secrets[-1])
     request = urllib.request.Request(url, data=body, headers=headers)
@@ -143,6 +144,16 @@ def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) 
             f"  or: .venv/bin/taskhook task lookup --workspace {workspace} "
             f"{shlex.quote(_external_id_of(provider, headers, body))}"
         )
+
+
+def _sent_now(provider: str, body: bytes) -> bytes:
+    """The sample as its provider would send it now: a Jira body says when it
+    was sent, and the ingress refuses old ones."""
+    if provider != "jira":
+        return body
+    payload = json.loads(body)
+    payload["timestamp"] = time.time_ns() // 1_000_000
+    return json.dumps(payload).encode()
 
 
 def _external_id_of(provider: str, headers: dict[str, str], body: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -88,3 +89,10 @@ def ingress(store: Store) -> Iterator[Ingress]:
     app = create_app(settings_for(store.url), publish=published.extend)
     with TestClient(app) as client:
         yield Ingress(client, store, published)
+
+
+def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

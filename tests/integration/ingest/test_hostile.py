@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 import tracemalloc
 
 import pytest
@@ -17,7 +18,9 @@ from ingest.signing import HmacSha256Stream
 from ingest.webhooks import UNVERIFIED_IN_MEMORY_BYTES, _receive_body
 from tests.conftest import Store
 from tests.deliveries import fixture, github_headers, sign
-from tests.integration.ingest.conftest import GITHUB_SECRET, Ingress, settings_for
+from tests.integration.ingest.conftest import GITHUB_SECRET, Ingress, settings_for, wait_until
+
+DELIVERY = "X-Atlassian-Webhook-Identifier"
 
 # --- delivery ids ----------------------------------------------------------------------------
 
@@ -85,8 +88,9 @@ def test_source_names_label_the_metrics_only_when_asked(ingress: Ingress, store:
 
     settings = settings_for(store.url, metrics_source_labels=True)
     with TestClient(create_app(settings, publish=lambda keys: None)) as client:
-        body = fixture("github", "issues__opened")
-        headers = github_headers("issues__opened", body, GITHUB_SECRET)
+        # Another body: the same one under a new delivery id would be a replay.
+        body = fixture("github", "issues__opened_with_organization")
+        headers = github_headers("issues__opened_with_organization", body, GITHUB_SECRET)
         client.post("/webhooks/github/acme-github", content=body, headers=headers)
         client.post("/webhooks/github/no-such-source", content=body, headers=headers)
         metrics = client.get("/metrics").text
@@ -147,3 +151,64 @@ def test_a_signed_body_that_streams_in_many_chunks_is_verified_and_stored(ingres
     assert bad.status_code == 401
     [stored] = ingress.deliveries()
     assert stored.body_sha256 == hashlib.sha256(body).hexdigest()
+
+
+# --- captured bodies -------------------------------------------------------------------------
+
+
+def test_a_signed_body_resent_under_a_new_delivery_id_is_a_replay_never_queued(ingress: Ingress):
+    """GitHub keeps a delivery's GUID when it sends it again: the same bytes
+    under another GUID are someone's resend (to undo a delete, say)."""
+    body = fixture("github", "issues__opened")
+    original = ingress.github("issues__opened", body=body, **{"X-GitHub-Delivery": "guid-1"})
+    resent = ingress.github("issues__opened", body=body, **{"X-GitHub-Delivery": "attacker-guid-1"})
+
+    assert original.json()["status"] == "queued"
+    assert resent.status_code == 202
+    assert resent.json() == {"delivery": resent.json()["delivery"], "status": "replay"}
+    first, replay = ingress.deliveries()
+    assert (replay.delivery_id, replay.status) == ("attacker-guid-1", "replay")
+    assert replay.status_reason == (
+        f"the same body as delivery {first.id} under another delivery id: a replay, never processed"
+    )
+    wait_until(lambda: ingress.published == [first.id])
+    assert 'result="replay"' in ingress.client.get("/metrics").text
+
+
+def test_a_body_sent_first_under_a_genuine_deliverys_id_cannot_make_it_disappear(
+    ingress: Ingress,
+):
+    """Jira: one signed comment body under 7001, 7002 and 7003, then the
+    genuine issue_created under 7002 -- which must still become work."""
+    comment = fixture("jira", "comment_created__cloud")
+    decoys = [
+        ingress.jira("comment_created__cloud", body=comment, **{DELIVERY: str(n)})
+        for n in (7001, 7002, 7003)
+    ]
+    genuine = ingress.jira("jira_issue_created__cloud", **{DELIVERY: "7002"})
+
+    assert [d.json()["status"] for d in decoys] == ["ignored", "replay", "replay"]
+    assert genuine.status_code == 202
+    assert genuine.json()["status"] == "queued"
+    rows = {row.id: row for row in ingress.deliveries()}
+    kept = rows[genuine.json()["delivery"]]
+    assert (kept.status, kept.event) == ("queued", "jira:issue_created")
+    assert kept.delivery_id.startswith("7002#")
+    wait_until(lambda: ingress.published == [kept.id])
+
+
+@pytest.mark.parametrize(("hours_ago", "status"), [(25, 400), (23, 202)])
+def test_a_jira_body_older_than_a_day_is_refused(ingress: Ingress, hours_ago: int, status: int):
+    payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
+    payload["timestamp"] = int((time.time() - hours_ago * 3600) * 1000)
+
+    response = ingress.jira("jira_issue_created__cloud", body=json.dumps(payload).encode())
+
+    assert response.status_code == status
+    if status == 400:
+        assert response.json()["error"] == (
+            "the delivery was sent 25 h ago; at most 24 h is taken "
+            "(TASKHOOK_MAX_DELIVERY_AGE_SECONDS)"
+        )
+        assert ingress.deliveries() == []
+        assert 'result="too_old"' in ingress.client.get("/metrics").text

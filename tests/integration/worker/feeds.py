@@ -7,6 +7,7 @@ from the real fixture bodies under ``tests/fixtures``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ def store_delivery(
         return record_delivery(session=session, incoming=incoming).pk
 
 
+#: How many fixtures this process stored: each gets bytes of its own.
+_STORED = itertools.count()
+
+
 def store_fixture(
     sessions: sessionmaker[Session],
     feed: Feed,
@@ -139,8 +144,12 @@ def store_fixture(
     read: bool = True,
 ) -> int:
     """Store fixture ``name``; with ``read``, also the task its body describes,
-    as the ingress keeps it (``read=False``: a row stored before it was kept)."""
-    body = fixture(provider, name)
+    as the ingress keeps it (``read=False``: a row stored before it was kept).
+
+    Each call stores bytes of its own (trailing white space, which JSON
+    ignores): two deliveries never carry the same bytes -- Jira's differ in
+    their timestamp -- and the same body under another id is a replay."""
+    body = fixture(provider, name) + b" " * next(_STORED)
     event = event_of(provider, name, body)
     reading = NOTHING_READ
     if read:

@@ -20,7 +20,15 @@ from models.db import session_scope
 from models.events import events_after
 from models.inbox import DeliveryStatus, replay
 from models.tables import Delivery, Task
-from models.tasks import CreateHooks, NewTask, SourceLink, create_task
+from models.tasks import (
+    MAX_DESCRIPTION_LENGTH,
+    MAX_REMOTE_KEY_LENGTH,
+    MAX_TITLE_LENGTH,
+    CreateHooks,
+    NewTask,
+    SourceLink,
+    create_task,
+)
 from tests.conftest import Store
 from tests.e2e.conftest import wait_until
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
@@ -320,3 +328,38 @@ def test_a_replay_reads_the_body_afresh(store: Store, general_creates: list[int]
     (task,) = tasks_of(store.sessions, feed.workspace_id)
     assert task.title == as_the_body_says  # read from the body by the adapter as it is now
     assert general_creates == [pk]
+
+
+@pytest.mark.parametrize(
+    "too_long",
+    [
+        {"draft_description": "d" * (MAX_DESCRIPTION_LENGTH + 1)},
+        {"draft_title": "t" * (MAX_TITLE_LENGTH + 1)},
+        {"draft_remote_key": "k" * (MAX_REMOTE_KEY_LENGTH + 1)},
+    ],
+    ids=["description", "title", "remote-key"],
+)
+def test_a_kept_draft_longer_than_the_store_keeps_is_created_from_the_body_instead(
+    store: Store, general_creates: list[int], too_long: dict[str, str]
+):
+    # As an ingress from before the store's limits could have kept it: the fast
+    # path's SQL checks the limits again, and the general path reads the body.
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    as_the_body_says = delivery(store.sessions, pk)
+    with session_scope(store.sessions) as session:
+        session.execute(update(Delivery).where(Delivery.id == pk).values(**too_long))
+
+    processed = run(store, pk)
+
+    assert (processed.status, processed.outcome, processed.path) == (
+        DeliveryStatus.DONE,
+        "created",
+        "general",
+    )
+    assert general_creates == [pk]
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (task.title, task.description) == (
+        as_the_body_says.draft_title,
+        as_the_body_says.draft_description,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from types import ModuleType
 
 import pytest
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from ingest import github, jira
 from ingest.drafts import (
+    TRUNCATION_MARKER,
     TaskDraft,
     UnsupportedPayload,
     draft_description,
@@ -23,7 +25,8 @@ from ingest.drafts import (
     unsupported_because_invalid,
     verify_hmac_sha256,
 )
-from models.tasks import MAX_TITLE_LENGTH, NewTask, SourceLink
+from models.tasks import MAX_DESCRIPTION_LENGTH, MAX_TITLE_LENGTH, NewTask, SourceLink
+from tests.deliveries import fixture
 
 # GitHub's published test vector ("Validating webhook deliveries").
 DOCS_SECRET = "It's a Secret to Everybody"
@@ -264,6 +267,31 @@ def test_a_missing_or_blank_description_is_none(raw: str | None, expected: None)
 
 def test_a_description_is_kept_as_sent() -> None:
     assert draft_description("  *bold*\r\n") == "  *bold*\r\n"
+
+
+def test_a_description_of_exactly_the_limit_is_kept_whole() -> None:
+    # GitHub's own cap on an issue body: a real issue never loses a character.
+    assert draft_description("y" * MAX_DESCRIPTION_LENGTH) == "y" * MAX_DESCRIPTION_LENGTH
+
+
+def test_a_longer_description_is_cut_to_the_limit_and_says_so() -> None:
+    description = draft_description("x" * (MAX_DESCRIPTION_LENGTH + 1))
+
+    assert len(description) == MAX_DESCRIPTION_LENGTH
+    assert description.endswith(TRUNCATION_MARKER)
+    assert description.startswith("x" * (MAX_DESCRIPTION_LENGTH - len(TRUNCATION_MARKER)))
+
+
+def test_an_issue_with_a_body_over_the_limit_still_becomes_a_task() -> None:
+    # GitHub counts a body's length its own way (its payloads end lines with
+    # \r\n): a body over the limit here is cut, never a dead delivery.
+    payload = json.loads(fixture("github", "issues__opened"))
+    payload["issue"]["body"] = "line\r\n" * 20_000
+
+    draft = github.to_draft("issues.opened", payload)
+
+    assert len(draft.description) == MAX_DESCRIPTION_LENGTH
+    assert draft.description.endswith(TRUNCATION_MARKER)
 
 
 @pytest.mark.parametrize(
