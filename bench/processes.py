@@ -195,7 +195,8 @@ class Processes:
         self, name: str, app: str, env: dict[str, str], *, factory: bool = False
     ) -> tuple[Process, str]:
         port = free_port()
-        args = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port)]
+        args = [sys.executable, "-m", "ingest.server", app, "--host", "127.0.0.1"]
+        args += ["--port", str(port)]
         args += ["--no-access-log", "--log-level", "warning"]
         args += ["--loop", env.get("BENCH_UVICORN_LOOP", "auto")]
         args += ["--http", env.get("BENCH_UVICORN_HTTP", "auto")]

@@ -1,4 +1,4 @@
-"""The ingress application: ``uvicorn ingest.app:app``.
+"""The ingress application, served by ``python -m ingest.server`` (uvicorn with bounds).
 
 Nothing connects at import: the lifespan builds the engine, the sessions and
 the relay from settings when the server starts. Tests call :func:`create_app`

@@ -254,12 +254,12 @@ def free_port() -> int:
 
 
 class Ingress:
-    """A real ``uvicorn ingest.app:app`` subprocess."""
+    """A real ingress subprocess (``python -m ingest.server``: uvicorn with its bounds)."""
 
     def __init__(self, folder: Path, database_url: str, broker_url: str, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "uvicorn", "ingest.app:app", "--port", str(self.port)]
+        args = [sys.executable, "-m", "ingest.server", "--port", str(self.port)]
         args += ["--host", "127.0.0.1", "--no-access-log"]
         environment = worker_environment(database_url, broker_url, **env)
         self.process = WorkerProcess(

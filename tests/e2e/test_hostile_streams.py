@@ -59,7 +59,7 @@ def ingress(tmp_path: Path, sqlite_template: Path) -> Iterator[Ingress]:
         "TASKHOOK_MCP_STREAM_SECONDS": str(MCP_SECONDS),
         "TASKHOOK_MAX_API_BODY_BYTES": str(API_BODY),
     }
-    args = [sys.executable, "-m", "uvicorn", "ingest.app:app", "--port", str(port)]
+    args = [sys.executable, "-m", "ingest.server", "--port", str(port)]
     server = WorkerProcess("uvicorn", tmp_path / "uvicorn.log", args, env)
     base = f"http://127.0.0.1:{port}"
 

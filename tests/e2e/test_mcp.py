@@ -76,7 +76,7 @@ def environment(store: Store, **extra: str) -> dict[str, str]:
 @pytest.fixture
 def http_url(store: Store, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    args = [sys.executable, "-m", "uvicorn", "ingest.app:app", "--port", str(port)]
+    args = [sys.executable, "-m", "ingest.server", "--port", str(port)]
     server = WorkerProcess("uvicorn", tmp_path / "uvicorn.log", args, environment(store))
     base = f"http://127.0.0.1:{port}"
 
