@@ -4,9 +4,7 @@ and REST bodies up to a size (docs/reliability.md, "Hostile input")."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -19,7 +17,7 @@ import pytest
 from models.db import make_engine, make_session_factory, session_scope
 from models.tokens import issue_token
 from models.workspaces import create_workspace
-from tests.e2e.conftest import READY_TIMEOUT, WorkerProcess, free_port, wait_until
+from tests.e2e.conftest import Ingress, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +25,9 @@ PER_TOKEN, TOTAL, MCP_SECONDS, API_BODY = 2, 3, 1.5, 64 * 1024
 
 
 @dataclass
-class Ingress:
+class Caller:
+    """The ingress's URL, a workspace, and three tokens that see it."""
+
     base: str
     workspace: int
     tokens: list[str]
@@ -37,7 +37,7 @@ class Ingress:
 
 
 @pytest.fixture
-def ingress(tmp_path: Path, sqlite_template: Path) -> Iterator[Ingress]:
+def ingress(tmp_path: Path, sqlite_template: Path) -> Iterator[Caller]:
     path = tmp_path / "taskhook.db"
     shutil.copyfile(sqlite_template, path)
     url = f"sqlite:///{path}"
@@ -50,33 +50,23 @@ def ingress(tmp_path: Path, sqlite_template: Path) -> Iterator[Ingress]:
         ]
         workspace = acme.id
     engine.dispose()
-    port = free_port()
-    env = {key: value for key, value in os.environ.items() if not key.startswith("TASKHOOK_")}
-    env |= {
-        "TASKHOOK_DATABASE_URL": url,
-        "TASKHOOK_MAX_EVENT_STREAMS_PER_TOKEN": str(PER_TOKEN),
-        "TASKHOOK_MAX_EVENT_STREAMS": str(TOTAL),
-        "TASKHOOK_MCP_STREAM_SECONDS": str(MCP_SECONDS),
-        "TASKHOOK_MAX_API_BODY_BYTES": str(API_BODY),
-    }
-    args = [sys.executable, "-m", "ingest.server", "--port", str(port)]
-    server = WorkerProcess("uvicorn", tmp_path / "uvicorn.log", args, env)
-    base = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
+    server = Ingress(
+        tmp_path,
+        url,
+        "filesystem://",
+        TASKHOOK_BROKER_FOLDER=str(tmp_path / "broker"),
+        TASKHOOK_MAX_EVENT_STREAMS_PER_TOKEN=str(PER_TOKEN),
+        TASKHOOK_MAX_EVENT_STREAMS=str(TOTAL),
+        TASKHOOK_MCP_STREAM_SECONDS=str(MCP_SECONDS),
+        TASKHOOK_MAX_API_BODY_BYTES=str(API_BODY),
+    )
     try:
-        wait_until(healthy, timeout=READY_TIMEOUT, what="uvicorn", logs=[server])
-        yield Ingress(base, workspace, tokens)
+        yield Caller(server.url, workspace, tokens)
     finally:
         server.stop()
 
 
-def open_stream(stack: ExitStack, ingress: Ingress, token: int) -> httpx.Response:
+def open_stream(stack: ExitStack, ingress: Caller, token: int) -> httpx.Response:
     """An event stream held open until ``stack`` closes (its first line read)."""
     client = stack.enter_context(httpx.Client(timeout=10))
     response = stack.enter_context(
@@ -95,7 +85,7 @@ def open_stream(stack: ExitStack, ingress: Ingress, token: int) -> httpx.Respons
     return response
 
 
-def test_event_streams_are_capped_per_token_and_in_all_with_a_429(ingress: Ingress):
+def test_event_streams_are_capped_per_token_and_in_all_with_a_429(ingress: Caller):
     with ExitStack() as held:
         first, second = (open_stream(held, ingress, token=0) for _ in range(PER_TOKEN))
         over_token = open_stream(held, ingress, token=0)
@@ -125,7 +115,7 @@ def test_event_streams_are_capped_per_token_and_in_all_with_a_429(ingress: Ingre
     wait_until(slot_free, timeout=10, what="a closed stream's slot to come back")
 
 
-def test_the_mcp_get_stream_is_closed_after_its_lifetime(ingress: Ingress):
+def test_the_mcp_get_stream_is_closed_after_its_lifetime(ingress: Caller):
     started = time.monotonic()
     with httpx.stream(
         "GET",
@@ -141,7 +131,7 @@ def test_the_mcp_get_stream_is_closed_after_its_lifetime(ingress: Ingress):
     assert lasted < MCP_SECONDS + 10, f"lasted {lasted:.1f}s"
 
 
-def test_a_rest_body_over_the_limit_is_413_before_it_is_read(ingress: Ingress):
+def test_a_rest_body_over_the_limit_is_413_before_it_is_read(ingress: Caller):
     big = {"workspace_id": ingress.workspace, "title": "t", "description": "d" * API_BODY}
     response = httpx.post(f"{ingress.base}/api/v1/tasks", json=big, headers=ingress.headers())
 
@@ -168,7 +158,7 @@ def test_a_rest_body_over_the_limit_is_413_before_it_is_read(ingress: Ingress):
     assert within.status_code == 200, within.text
 
 
-def test_a_rest_body_nested_too_deep_is_400(ingress: Ingress):
+def test_a_rest_body_nested_too_deep_is_400(ingress: Caller):
     deep = '{"title":' + "[" * 10_000 + "]" * 10_000 + "}"
     response = httpx.post(
         f"{ingress.base}/api/v1/tasks",
