@@ -41,7 +41,8 @@ run's task (and may finish it, because the task names this delivery as its
 creator: a create may finish its own work, never another's --
 docs/contract.md, "Where taskhook extends the basic contract").
 
-How each answer of the task store ends (``retries`` is how many retries the
+How each answer of the task store ends (in code: :data:`CREATE_REFUSALS` for
+its refusals, and :class:`Attempt`'s endings; ``retries`` is how many retries the
 delivery has spent, counted on its inbox row so that a crash does not start
 the count over; each kind of retry stops at its own limit):
 
@@ -72,6 +73,7 @@ The worker never releases an identity: release is an operator's decision.
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 from contextlib import ExitStack
@@ -191,6 +193,150 @@ class Work:
     created_task_id: int | None
 
 
+class Ending(enum.Enum):
+    """How a refusal of the create ends the delivery (the table above)."""
+
+    #: The same body fails the same way every time.
+    DEAD = "dead"
+    #: Only a person can clear it (fix the workflow), then replay.
+    NEEDS_OPERATOR = "needs_operator"
+    #: It may clear by itself: retry with backoff, then ``needs_operator``.
+    RETRY_THEN_PARK = "retry_then_park"
+    #: The task this delivery was creating was deleted: recreating it is a
+    #: person's call (``needs_operator``).
+    DELETED = "deleted"
+
+
+#: The task store's refusals of a create, and how each ends: the module
+#: docstring's table, in code. ``{error}`` is the refusal's own message.
+CREATE_REFUSALS: dict[type[Exception], tuple[Ending, str]] = {
+    InvalidExternalId: (Ending.DEAD, "cannot become a task: {error}"),
+    WorkspaceNotAccessible: (Ending.DEAD, "cannot become a task: {error}"),
+    WorkspaceMisconfigured: (Ending.NEEDS_OPERATOR, "{error}"),
+    WipLimitReached: (Ending.RETRY_THEN_PARK, "workspace {workspace_id}: {error}"),
+    TaskNotFound: (Ending.DELETED, ""),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one run of one delivery works with, before its claim and after."""
+
+    session: Session
+    delivery_pk: int
+    settings: Settings
+    rng: random.Random
+    #: The errors worth retrying (:data:`TRANSIENT_ERRORS`).
+    transient: tuple[type[BaseException], ...]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A run holding the delivery's lease, and the ways it can end, each
+    recorded fenced by the lease."""
+
+    run: Run
+    lease: Lease
+
+    @property
+    def session(self) -> Session:
+        return self.run.session
+
+    @property
+    def settings(self) -> Settings:
+        return self.run.settings
+
+    @property
+    def rng(self) -> random.Random:
+        return self.run.rng
+
+    @property
+    def delivery_pk(self) -> int:
+        return self.lease.delivery_pk
+
+    def finish(
+        self,
+        status: DeliveryStatus,
+        *,
+        outcome: str | None = None,
+        task_id: int | None = None,
+        reason: str | None = None,
+        error: str | None = None,
+    ) -> Processed:
+        """Record the delivery's end; nothing when a newer attempt took it over."""
+        recorded = finish(
+            session=self.session,
+            lease=self.lease,
+            status=status,
+            outcome=outcome,
+            task_id=task_id,
+            reason=reason,
+            error=error,
+        )
+        if not recorded:
+            return self.taken_over()
+        return Processed(self.delivery_pk, status, outcome=outcome, task_id=task_id, reason=reason)
+
+    def taken_over(self) -> Processed:
+        log.info("delivery %s: attempt %s was taken over", self.delivery_pk, self.lease.attempt)
+        return Processed(
+            self.delivery_pk,
+            None,
+            reason=(
+                f"attempt {self.lease.attempt} was taken over by a newer one, whose record stands"
+            ),
+        )
+
+    def wait_or_park(
+        self, why: str, *, outcome: str | None = None, task_id: int | None = None
+    ) -> Processed:
+        """Retry later while the obstacle may clear; past the limit, park for a person."""
+        retries, limit = self.lease.retries, self.settings.unsettled_max_retries
+        delay = next_retry(retries, limit=limit, settings=self.settings, rng=self.rng)
+        if delay is None:
+            log.warning("delivery %s needs an operator: %s", self.delivery_pk, why)
+            return self.finish(
+                DeliveryStatus.NEEDS_OPERATOR,
+                outcome=outcome,
+                task_id=task_id,
+                reason=f"{why}; still so after {retries} retries",
+            )
+        reason = f"waiting: {why}; retry {retries + 1} of {limit} in {delay:.1f} s"
+        # Hold the lease until the retry is due, so the sweeper does not send the
+        # delivery early and no other claim takes it meanwhile.
+        until = utcnow() + timedelta(seconds=delay)
+        if not defer(session=self.session, lease=self.lease, until=until, reason=reason):
+            return self.taken_over()
+        return Processed(
+            self.delivery_pk,
+            DeliveryStatus.PROCESSING,
+            outcome=outcome,
+            task_id=task_id,
+            reason=reason,
+            retry_in=delay + RETRY_ETA_MARGIN_SECONDS,
+        )
+
+    def deleted_while_creating(self, external_id: object) -> Processed:
+        # Creating it again would undo someone's delete; a person decides (replay).
+        reason = (
+            f"the task for {external_id!r} was deleted before its creation settled; "
+            "replay the delivery to create it again"
+        )
+        return self.finish(DeliveryStatus.NEEDS_OPERATOR, reason=reason)
+
+    def refused(self, error: Exception, *, workspace_id: int, external_id: object) -> Processed:
+        """End the delivery as :data:`CREATE_REFUSALS` says for ``error``."""
+        ending, reason = CREATE_REFUSALS[type(error)]
+        reason = reason.format(error=error, workspace_id=workspace_id)
+        if ending is Ending.DEAD:
+            return self.finish(DeliveryStatus.DEAD, reason=reason)
+        if ending is Ending.NEEDS_OPERATOR:
+            return self.finish(DeliveryStatus.NEEDS_OPERATOR, reason=reason)
+        if ending is Ending.RETRY_THEN_PARK:
+            return self.wait_or_park(reason)
+        return self.deleted_while_creating(external_id)
+
+
 # --- retries -------------------------------------------------------------------------
 
 
@@ -287,6 +433,7 @@ def process_delivery(
     database (it was down) were counted nowhere else. ``transient`` are the
     errors worth retrying.
     """
+    run = Run(session, delivery_pk, settings, rng, transient)
     lease: Lease | None = None  # set once the claim has committed
     resources = ExitStack()  # the fast path's connection, back to the pool at the end
     try:
@@ -299,16 +446,13 @@ def process_delivery(
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
         # The row's budget, which a crash does not refill (see above).
         lease = replace(claimed.lease, retries=max(claimed.lease.retries, retries))
+        attempt = Attempt(run, lease)
         if fast is not None and claimed.inserted is not None:
-            processed = _settle_fast(session, fast, lease, claimed.inserted, hooks)
-            return replace(processed, path="fast")
-        work = _load(session, lease)
-        return replace(_run(session, lease, work, settings, misses, rng), path="general")
+            return replace(_settle_fast(attempt, fast, claimed.inserted, hooks), path="fast")
+        return replace(_run(attempt, _load(session, lease), misses), path="general")
     except transient as error:
         session.rollback()
-        return _after_transient_error(
-            session, delivery_pk, lease, error, settings, retries, rng, transient
-        )
+        return _after_transient_error(run, lease, error, retries)
     except Exception as error:
         session.rollback()
         if lease is None:
@@ -317,9 +461,7 @@ def process_delivery(
         # fail the same way, and the sweeper would send it back every lease
         # period, so it is parked dead with the error for a person to read.
         log.exception("delivery %s failed unexpectedly; marking it dead", delivery_pk)
-        return _finish(
-            session,
-            lease,
+        return Attempt(run, lease).finish(
             DeliveryStatus.DEAD,
             reason="unexpected error while processing; see last_error",
             error=_describe(error),
@@ -384,20 +526,14 @@ def _load(session: Session, lease: Lease) -> Work:
     )
 
 
-def _run(
-    session: Session,
-    lease: Lease,
-    work: Work,
-    settings: Settings,
-    misses: _LookupMisses,
-    rng: random.Random,
-) -> Processed:
+def _run(attempt: Attempt, work: Work, misses: _LookupMisses) -> Processed:
     """The general path, from a committed lease: read the body, create, record."""
+    session, lease = attempt.session, attempt.lease
     # Checked here as well as at the ingress: the source's events may have
     # changed since the delivery was stored.
     if work.event not in work.create_events:
         reason = f"{work.event} does not create tasks for source {work.source_slug}"
-        return _finish(session, lease, DeliveryStatus.IGNORED, reason=reason)
+        return attempt.finish(DeliveryStatus.IGNORED, reason=reason)
 
     try:
         draft = draft_of(
@@ -408,13 +544,13 @@ def _run(
             site_url=work.site_url,
         )
     except (UnsupportedPayload, UnsupportedContentType) as error:
-        return _finish(session, lease, DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
+        return attempt.finish(DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
     if _names_no_identity(draft):
         # The task store treats a blank external id as none at all
         # (docs/contract.md, "Validation and normalization"), and a task
         # without one would be made again by every redelivery.
         reason = f"cannot become a task: the payload names no external id ({draft.external_id!r})"
-        return _finish(session, lease, DeliveryStatus.DEAD, reason=reason)
+        return attempt.finish(DeliveryStatus.DEAD, reason=reason)
     try:
         # Everything the create will write, checked before its insert by the
         # task store's own rules (docs/contract.md, "Validation and
@@ -422,10 +558,10 @@ def _run(
         # here, not fail the source link's write after the task committed.
         new = validated_new_task(replace(draft.new_task(), created_by_delivery=work.delivery_pk))
     except InvalidTask as error:
-        return _finish(session, lease, DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
+        return attempt.finish(DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
 
     if work.created_task_id is not None:
-        return _finish_earlier_attempts_create(session, lease, work.created_task_id, new)
+        return _finish_earlier_attempts_create(attempt, work.created_task_id, new)
     try:
         result = create_task(
             session=session,
@@ -436,27 +572,10 @@ def _run(
             fence=fence_create(lease),
         )
     except LeaseTakenOver:
-        return _taken_over(lease)  # nothing was inserted: the insert rolled back
-    except (InvalidExternalId, WorkspaceNotAccessible) as error:
+        return attempt.taken_over()  # nothing was inserted: the insert rolled back
+    except tuple(CREATE_REFUSALS) as error:
         session.rollback()
-        return _finish(session, lease, DeliveryStatus.DEAD, reason=f"cannot become a task: {error}")
-    except WorkspaceMisconfigured as error:
-        session.rollback()
-        return _finish(session, lease, DeliveryStatus.NEEDS_OPERATOR, reason=str(error))
-    except WipLimitReached as error:
-        session.rollback()
-        return _wait_or_park(
-            session,
-            lease,
-            why=f"workspace {work.workspace_id}: {error}",
-            outcome=None,
-            task_id=None,
-            settings=settings,
-            rng=rng,
-        )
-    except TaskNotFound:
-        session.rollback()
-        return _deleted_while_creating(session, lease, draft.external_id)
+        return attempt.refused(error, workspace_id=work.workspace_id, external_id=draft.external_id)
 
     holder = result.task
     backstop = result.outcome.deduplicated and misses.count > 0
@@ -472,15 +591,9 @@ def _run(
         if holder.created_by_delivery == work.delivery_pk:
             failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
             reason = "finished the create an earlier attempt of this delivery left unsettled"
-            return _finish_own_create(session, lease, holder, new.source, reason=reason)
-        return _wait_or_park(
-            session,
-            lease,
-            why=_held_by(holder),
-            outcome=result.outcome.value,
-            task_id=holder.id,
-            settings=settings,
-            rng=rng,
+            return _finish_own_create(attempt, holder, new.source, reason=reason)
+        return attempt.wait_or_park(
+            _held_by(holder), outcome=result.outcome.value, task_id=holder.id
         )
 
     outcome = result.outcome
@@ -496,40 +609,40 @@ def _run(
         reason = "the lookup missed; the insert's unique index found the task (the backstop)"
     if not outcome.deduplicated:
         failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
-    return _finish(
-        session, lease, DeliveryStatus.DONE, outcome=outcome.value, task_id=holder.id, reason=reason
+    return attempt.finish(
+        DeliveryStatus.DONE, outcome=outcome.value, task_id=holder.id, reason=reason
     )
 
 
 def _settle_fast(
-    session: Session, fast: FastPath, lease: Lease, inserted: Inserted, hooks: CreateHooks
+    attempt: Attempt, fast: FastPath, inserted: Inserted, hooks: CreateHooks
 ) -> Processed:
     """The plain create's second statement, after the fast path inserted the
     task: settle it and record the delivery done (steps 6 and 7)."""
     task, source = inserted.task, inserted.source
     hooks.after_insert(task)
-    settlement = fast.settle_and_finish(task=task, source=source, lease=lease)
+    settlement = fast.settle_and_finish(task=task, source=source, lease=attempt.lease)
     if settlement is Settlement.TAKEN_OVER:
-        return _taken_over(lease)
+        return attempt.taken_over()
     if settlement is Settlement.FINISHED:
-        failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
-        return Processed(lease.delivery_pk, DeliveryStatus.DONE, outcome="created", task_id=task.id)
+        failpoint(AFTER_SETTLE, delivery=attempt.delivery_pk)
+        return Processed(
+            attempt.delivery_pk, DeliveryStatus.DONE, outcome="created", task_id=task.id
+        )
     # Deleted or released before it settled: the general completion re-reads
     # and tells which, as it does for a crashed attempt's own task.
-    return _finish_own_create(session, lease, task, source, reason=None)
+    return _finish_own_create(attempt, task, source, reason=None)
 
 
-def _finish_earlier_attempts_create(
-    session: Session, lease: Lease, task_id: int, new: NewTask
-) -> Processed:
+def _finish_earlier_attempts_create(attempt: Attempt, task_id: int, new: NewTask) -> Processed:
     """An earlier attempt of this delivery inserted ``task_id``: finish that
     create rather than make another, or park the delivery when the task is
     gone -- deleted before its creation settled, and recreating it would undo
     someone's delete (docs/contract.md, "Fencing the create")."""
     external_id = normalize_external_id(new.external_id)
-    stored = session.get(Task, task_id, populate_existing=True)
+    stored = attempt.session.get(Task, task_id, populate_existing=True)
     if stored is None:
-        return _deleted_while_creating(session, lease, external_id)
+        return attempt.deleted_while_creating(external_id)
     reason = "finished the create an earlier attempt of this delivery began"
     if stored.external_id_settled_at is not None:
         reason = "an earlier attempt of this delivery created the task"
@@ -541,10 +654,10 @@ def _finish_earlier_attempts_create(
         workspace_id=stored.workspace_id,
         identifier=stored.identifier,
         external_id=external_id,
-        created_by_delivery=lease.delivery_pk,
+        created_by_delivery=attempt.delivery_pk,
     )
-    failpoint(BEFORE_SETTLE, delivery=lease.delivery_pk)
-    return _finish_own_create(session, lease, inserted, new.source, reason=reason)
+    failpoint(BEFORE_SETTLE, delivery=attempt.delivery_pk)
+    return _finish_own_create(attempt, inserted, new.source, reason=reason)
 
 
 def _names_no_identity(draft: TaskDraft) -> bool:
@@ -555,12 +668,7 @@ def _names_no_identity(draft: TaskDraft) -> bool:
 
 
 def _finish_own_create(
-    session: Session,
-    lease: Lease,
-    task: Task,
-    source: SourceLink | None,
-    *,
-    reason: str | None,
+    attempt: Attempt, task: Task, source: SourceLink | None, *, reason: str | None
 ) -> Processed:
     """Steps 6-8 for a task this delivery inserted: an earlier attempt's, or
     this attempt's when the fast path's settlement matched no row (the task
@@ -569,30 +677,16 @@ def _finish_own_create(
     carries the identity it was inserted with."""
     task_id, identifier, external_id = task.id, task.identifier, task.external_id
     try:
-        completed = complete_creation(session=session, task=task, source=source)
+        completed = complete_creation(session=attempt.session, task=task, source=source)
     except TaskNotFound:
-        session.rollback()
-        return _deleted_while_creating(session, lease, external_id)
-    failpoint(AFTER_SETTLE, delivery=lease.delivery_pk)
+        attempt.session.rollback()
+        return attempt.deleted_while_creating(external_id)
+    failpoint(AFTER_SETTLE, delivery=attempt.delivery_pk)
     if completed.outcome is CreateOutcome.CREATED_IDENTITY_LOST:
         reason = f"created {identifier}, but {external_id!r} was released meanwhile"
-    return _finish(
-        session,
-        lease,
-        DeliveryStatus.DONE,
-        outcome=completed.outcome.value,
-        task_id=task_id,
-        reason=reason,
+    return attempt.finish(
+        DeliveryStatus.DONE, outcome=completed.outcome.value, task_id=task_id, reason=reason
     )
-
-
-def _deleted_while_creating(session: Session, lease: Lease, external_id: object) -> Processed:
-    # Creating it again would undo someone's delete; a person decides (replay).
-    reason = (
-        f"the task for {external_id!r} was deleted before its creation settled; "
-        "replay the delivery to create it again"
-    )
-    return _finish(session, lease, DeliveryStatus.NEEDS_OPERATOR, reason=reason)
 
 
 def _held_by(holder: Task) -> str:
@@ -607,61 +701,17 @@ def _held_by(holder: Task) -> str:
     )
 
 
-def _wait_or_park(
-    session: Session,
-    lease: Lease,
-    *,
-    why: str,
-    outcome: str | None,
-    task_id: int | None,
-    settings: Settings,
-    rng: random.Random,
-) -> Processed:
-    """Retry later while the obstacle may clear; past the limit, park for a person."""
-    retries, limit = lease.retries, settings.unsettled_max_retries
-    delay = next_retry(retries, limit=limit, settings=settings, rng=rng)
-    if delay is None:
-        log.warning("delivery %s needs an operator: %s", lease.delivery_pk, why)
-        return _finish(
-            session,
-            lease,
-            DeliveryStatus.NEEDS_OPERATOR,
-            outcome=outcome,
-            task_id=task_id,
-            reason=f"{why}; still so after {retries} retries",
-        )
-    reason = f"waiting: {why}; retry {retries + 1} of {limit} in {delay:.1f} s"
-    # Hold the lease until the retry is due, so the sweeper does not send the
-    # delivery early and no other claim takes it meanwhile.
-    until = utcnow() + timedelta(seconds=delay)
-    if not defer(session=session, lease=lease, until=until, reason=reason):
-        return _taken_over(lease)
-    return Processed(
-        lease.delivery_pk,
-        DeliveryStatus.PROCESSING,
-        outcome=outcome,
-        task_id=task_id,
-        reason=reason,
-        retry_in=delay + RETRY_ETA_MARGIN_SECONDS,
-    )
-
-
 def _after_transient_error(
-    session: Session,
-    delivery_pk: int,
-    lease: Lease | None,
-    error: BaseException,
-    settings: Settings,
-    retries: int,
-    rng: random.Random,
-    transient: tuple[type[BaseException], ...],
+    run: Run, lease: Lease | None, error: BaseException, retries: int
 ) -> Processed:
+    """Retry after a database error, with backoff; past the limit, dead.
+    ``retries`` is the message's count: without a lease the row was not read
+    (the claim itself failed), and the message's count is all there is."""
+    session, settings, delivery_pk = run.session, run.settings, run.delivery_pk
     summary = _describe(error)
-    # Without a lease the row was not read (the claim itself failed): the
-    # message's count is all there is.
     retries = retries if lease is None else lease.retries
     limit = settings.database_max_retries
-    delay = next_retry(retries, limit=limit, settings=settings, rng=rng)
+    delay = next_retry(retries, limit=limit, settings=settings, rng=run.rng)
     if delay is None:
         # Given up: dead, with the error kept. Should the database still be
         # down, this raises, and the row waits for the sweeper instead.
@@ -671,12 +721,8 @@ def _after_transient_error(
         )
         if lease is None:
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
-        return _finish(
-            session,
-            lease,
-            DeliveryStatus.DEAD,
-            reason=f"database errors, {retries} retries spent",
-            error=summary,
+        return Attempt(run, lease).finish(
+            DeliveryStatus.DEAD, reason=f"database errors, {retries} retries spent", error=summary
         )
 
     log.warning("delivery %s: database error, retry in %.1f s: %s", delivery_pk, delay, summary)
@@ -686,46 +732,13 @@ def _after_transient_error(
         try:  # best effort: the database may well still be down
             defer(session=session, lease=lease, until=until, error=summary, reason=reason)
             session.commit()
-        except transient:
+        except run.transient:
             session.rollback()
     return Processed(
         delivery_pk,
         DeliveryStatus.PROCESSING,
         reason=f"{reason}: {summary}",
         retry_in=delay + RETRY_ETA_MARGIN_SECONDS,
-    )
-
-
-def _finish(
-    session: Session,
-    lease: Lease,
-    status: DeliveryStatus,
-    *,
-    outcome: str | None = None,
-    task_id: int | None = None,
-    reason: str | None = None,
-    error: str | None = None,
-) -> Processed:
-    recorded = finish(
-        session=session,
-        lease=lease,
-        status=status,
-        outcome=outcome,
-        task_id=task_id,
-        reason=reason,
-        error=error,
-    )
-    if not recorded:
-        return _taken_over(lease)
-    return Processed(lease.delivery_pk, status, outcome=outcome, task_id=task_id, reason=reason)
-
-
-def _taken_over(lease: Lease) -> Processed:
-    log.info("delivery %s: attempt %s was taken over", lease.delivery_pk, lease.attempt)
-    return Processed(
-        lease.delivery_pk,
-        None,
-        reason=f"attempt {lease.attempt} was taken over by a newer one, whose record stands",
     )
 
 
