@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.database_url)
+        engine = make_engine(settings.database_url, settings=settings)
         metrics = IngressMetrics()
         relay = Relay(
             publish or celery_publisher(settings),

@@ -498,16 +498,6 @@ def fence_create(lease: Lease) -> InsertFence:
     return fence
 
 
-def note_outcome(*, session: Session, lease: Lease, outcome: str, task_id: int | None) -> bool:
-    """Record the create's outcome and task while the delivery is still processing."""
-    rows = session.execute(
-        _fenced(lease)
-        .values(outcome=outcome, task_id=task_id, updated_at=utcnow())
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    return rows == 1
-
-
 # --- the sweeper and the operator ---------------------------------------------------
 
 
