@@ -326,7 +326,10 @@ class Attempt:
 
     def refused(self, error: Exception, *, workspace_id: int, external_id: object) -> Processed:
         """End the delivery as :data:`CREATE_REFUSALS` says for ``error``."""
-        ending, reason = CREATE_REFUSALS[type(error)]
+        # By the nearest class the table names: InvalidExternalId has a
+        # subclass per rule an external id breaks.
+        refusal = next(kind for kind in type(error).__mro__ if kind in CREATE_REFUSALS)
+        ending, reason = CREATE_REFUSALS[refusal]
         reason = reason.format(error=error, workspace_id=workspace_id)
         if ending is Ending.DEAD:
             return self.finish(DeliveryStatus.DEAD, reason=reason)

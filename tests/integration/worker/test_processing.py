@@ -9,6 +9,7 @@ so far in place and nothing after it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import threading
 from datetime import timedelta
@@ -24,6 +25,7 @@ from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
 from models.tasks import CreateHooks, delete_task, release_external_id
 from tests.conftest import TRUSTED, Store
+from tests.deliveries import fixture
 from tests.integration.worker.feeds import (
     EXPECTED,
     delivery,
@@ -568,3 +570,24 @@ def test_many_runs_of_one_delivery_at_once_make_one_task(postgres_store: Store):
     assert len(tasks_of(postgres_store.sessions, feed.workspace_id)) == 1
     row = delivery(postgres_store.sessions, pk)
     assert (row.status, row.outcome, row.attempts) == ("done", "created", 1)
+
+
+def test_a_payload_naming_an_invalid_external_id_is_dead_naming_the_rule(store: Store):
+    """InvalidExternalId has a subclass per rule an external id breaks; each
+    ends the delivery as the refusals table says for InvalidExternalId."""
+    feed = make_feed(store.sessions)
+    payload = json.loads(fixture("github", "issues__opened"))
+    payload["repository"]["full_name"] = "own\x07er/repo"
+    pk = store_delivery(
+        store.sessions,
+        feed.github_source_id,
+        body=json.dumps(payload).encode(),
+        event="issues.opened",
+    )
+
+    processed = run(store, pk)
+
+    assert processed.status is DeliveryStatus.DEAD
+    assert processed.reason.startswith("cannot become a task: "), processed.reason
+    assert "control characters" in processed.reason
+    assert tasks_of(store.sessions, feed.workspace_id) == []
