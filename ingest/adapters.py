@@ -1,24 +1,19 @@
-"""The provider adapters by provider name, and what the ingress reads from a body.
+"""What the ingress reads from a body: the identity and the draft it keeps on the row.
 
-Each adapter module (``ingest.github``, ``ingest.jira``) offers the same
-functions -- ``verify_signature``, ``delivery_id``, ``decode_body``,
-``event_of``, ``to_draft`` -- so the ingress and the worker pick one by the
-source's provider and call it the same way.
+The providers themselves are ``models.providers`` (the ``Provider`` contract
+and the ``PROVIDERS`` registry), below both ``ingest`` and ``worker``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from types import ModuleType
 from typing import Any
 
-from ingest import github, jira
-from ingest.drafts import UnsupportedPayload
 from models.errors import InvalidTask
 from models.external_id import InvalidExternalId, normalize_external_id
+from models.providers import Provider
+from models.providers.drafts import UnsupportedPayload
 from models.tasks import NewTask, validated_new_task
-
-ADAPTERS: dict[str, ModuleType] = {github.PROVIDER: github, jira.PROVIDER: jira}
 
 
 @dataclass(frozen=True)
@@ -38,7 +33,7 @@ NOTHING_READ = Reading()
 
 
 def read_delivery(
-    adapter: ModuleType, event: str, payload: dict[str, Any], site_url: str | None
+    provider: Provider, event: str, payload: dict[str, Any], site_url: str | None
 ) -> Reading:
     """The identity and the draft a delivery describes, read as the worker reads them.
 
@@ -49,7 +44,7 @@ def read_delivery(
     and the worker reads the body itself and says what is wrong with it.
     """
     try:
-        draft = adapter.to_draft(event, payload, site=site_url)
+        draft = provider.to_draft(event, payload, site=site_url)
         external_id = normalize_external_id(draft.external_id)
     except (UnsupportedPayload, InvalidExternalId):
         return NOTHING_READ

@@ -23,8 +23,9 @@ class IngressMetrics:
         self.deliveries = Counter(
             "taskhook_deliveries",
             "Webhook deliveries answered, by provider, source and result (queued, "
-            "duplicate, ignored, or why one was refused). The source is '-' when it "
-            "was unknown or could not be read, so random URLs cannot grow the series.",
+            "duplicate, ignored, unknown_event -- stored as ignored, but an event the "
+            "provider does not know --, or why one was refused). The source is '-' when "
+            "it was unknown or could not be read, so random URLs cannot grow the series.",
             ["provider", "source", "result"],
             registry=self.registry,
         )

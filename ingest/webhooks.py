@@ -2,16 +2,23 @@
 
 Guards run in a fixed order, each with its own status (STYLE, habit 2):
 
-    source known (404) -> body within limit (413) -> signature over the raw
-    bytes as they stream in (401) -> delivery id present and well-formed (400)
+    source known (404) -> body within limit (413) -> signature (or token)
+    checked as the raw bytes stream in (401) -> delivery id present and well-formed (400)
     -> parse (415, 400) -> event present (400) -> not too old (400) -> store
     (503 if the database is down) -> relay -> 202
 
 Every verified delivery is answered 2xx once it is stored -- duplicates too --
 because Jira retries on 409 and on 5xx, and a retry of something we already
-hold can only make noise. Nothing is stored before the signature verifies.
+hold can only make noise. Nothing is stored before the delivery verifies.
 
-The two routes are bare ASGI apps (:class:`WebhookRoute`) in the app's
+There is one route per provider in ``models.providers.PROVIDERS``, and
+everything provider-specific -- how a delivery is verified, where its id and
+event come from, what its body says -- is a member of that provider
+(``models/providers/base.py``). An event the provider neither handles nor
+knows as ignored is stored as ignored too, but as an unknown event, counted
+apart (``models.providers.UNKNOWN_EVENT``).
+
+The routes are bare ASGI apps (:class:`WebhookRoute`) in the app's
 router, not FastAPI endpoints: at the ingress's rate, FastAPI's per-request
 machinery (dependency solving, two exit stacks per request, a response
 object) cost more CPU than the guards themselves (docs/performance.md). They
@@ -27,7 +34,6 @@ import json
 import re
 import time
 from tempfile import SpooledTemporaryFile
-from types import ModuleType
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -35,26 +41,16 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ingest.adapters import ADAPTERS, NOTHING_READ, read_delivery
-from ingest.drafts import UnsupportedContentType, UnsupportedPayload, lookup_header
+from ingest.adapters import NOTHING_READ, read_delivery
 from ingest.runtime import Runtime, StoreUnavailable
 from ingest.schemas import ErrorBody
-from ingest.signing import HmacSha256Stream
 from models.inbox import DeliveryStatus, IncomingDelivery
+from models.providers import PROVIDERS, Provider, Verifier, ignored_reason
+from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
 
-#: The only request headers kept with a delivery: never a signature or credentials.
-KEPT_HEADERS = (
-    "content-type",
-    "user-agent",
-    "x-github-event",
-    "x-github-delivery",
-    "x-github-hook-id",
-    "x-github-hook-installation-target-id",
-    "x-github-hook-installation-target-type",
-    "x-atlassian-webhook-identifier",
-    "x-atlassian-webhook-retry",
-)
-_KEPT_RAW = tuple(name.encode("latin-1") for name in KEPT_HEADERS)
+#: The request headers every provider's deliveries keep, besides the provider's
+#: own (``Provider.kept_headers``): never a signature or credentials.
+KEPT_HEADERS = ("content-type", "user-agent")
 
 _DUPLICATE = b'{"status":"duplicate"}'
 #: Results whose slug names no source we could read: never a metrics label.
@@ -77,19 +73,22 @@ class Refusal(Exception):
 class WebhookRoute:
     """``POST /webhooks/<provider>/{source}``: one provider's deliveries, as an ASGI app."""
 
-    def __init__(self, adapter: ModuleType) -> None:
-        self.adapter = adapter
-        self.provider: str = adapter.PROVIDER
+    def __init__(self, provider: Provider) -> None:
+        self.provider = provider
+        #: The headers kept with a delivery, as raw names (see _kept_headers).
+        self.kept_raw = tuple(
+            name.encode("latin-1") for name in (*KEPT_HEADERS, *provider.kept_headers)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: Runtime = scope["app"].state.runtime
         slug: str = scope["path_params"]["source"]
-        provider = self.provider
+        name = self.provider.name
         started = time.perf_counter()
         headers: tuple[tuple[bytes, bytes], ...] = ()
         try:
             status, answer, result = await _take(
-                runtime, self.adapter, slug, Headers(scope=scope), receive
+                runtime, self.provider, self.kept_raw, slug, Headers(scope=scope), receive
             )
         except Refusal as refusal:
             status, answer, result = refusal.status, _error(refusal.reason), refusal.result
@@ -98,13 +97,13 @@ class WebhookRoute:
             retry_after = str(runtime.settings.retry_after_seconds).encode("latin-1")
             headers = ((b"retry-after", retry_after),)
         finally:
-            runtime.metrics.observe_latency(provider, time.perf_counter() - started)
+            runtime.metrics.observe_latency(name, time.perf_counter() - started)
         # Only when asked for (source names are guessable, and /metrics may be
         # open); never a slug nobody registered, nor one that could not be
         # looked up: random URLs must not grow the series.
         labelled = runtime.settings.metrics_source_labels
         source = slug if labelled and result not in _UNNAMED_RESULTS else "-"
-        runtime.metrics.count_delivery(provider, source, result)
+        runtime.metrics.count_delivery(name, source, result)
         await _answer(send, status, answer, *headers)
 
 
@@ -116,12 +115,12 @@ def routes() -> list[Route]:
     """The webhook routes, for the app's router (ahead of the REST API's)."""
     return [
         Route(
-            f"{PATH_PREFIX}{adapter.PROVIDER}/{{source}}",
-            WebhookRoute(adapter),
+            f"{PATH_PREFIX}{provider.name}/{{source}}",
+            WebhookRoute(provider),
             methods=["POST"],
             include_in_schema=False,
         )
-        for adapter in ADAPTERS.values()
+        for provider in PROVIDERS.values()
     ]
 
 
@@ -133,46 +132,58 @@ documentation = APIRouter(
 )
 
 
-@documentation.post("/webhooks/github/{source}", status_code=202)
-async def github_webhook(source: str, request: Request) -> JSONResponse:
-    """A GitHub delivery (JSON or form-encoded), signed with X-Hub-Signature-256."""
-    raise NotImplementedError("documentation only; served by WebhookRoute")
+def _documented(provider: Provider) -> None:
+    async def webhook(source: str, request: Request) -> JSONResponse:
+        raise NotImplementedError("documentation only; served by WebhookRoute")
+
+    documentation.add_api_route(
+        f"{PATH_PREFIX}{provider.name}/{{source}}",
+        webhook,
+        methods=["POST"],
+        status_code=202,
+        name=f"{provider.name}_webhook",
+        summary=f"{provider.label} Webhook",
+        description=provider.route_summary,
+    )
 
 
-@documentation.post("/webhooks/jira/{source}", status_code=202)
-async def jira_webhook(source: str, request: Request) -> JSONResponse:
-    """A Jira delivery, signed with X-Hub-Signature (sha256=...)."""
-    raise NotImplementedError("documentation only; served by WebhookRoute")
+for _provider in PROVIDERS.values():
+    _documented(_provider)
 
 
 async def _take(
-    runtime: Runtime, adapter: ModuleType, slug: str, headers: Headers, receive: Receive
+    runtime: Runtime,
+    provider: Provider,
+    kept_raw: tuple[bytes, ...],
+    slug: str,
+    headers: Headers,
+    receive: Receive,
 ) -> tuple[int, bytes, str]:
-    provider = adapter.PROVIDER
-    source = await runtime.verifying_source(provider, slug)
+    name = provider.name
+    source = await runtime.verifying_source(name, slug)
     if source is None:
         raise Refusal(404, "unknown webhook source", "unknown_source")
 
     # The signature is computed as the body streams in, and what exceeds
     # UNVERIFIED_IN_MEMORY_BYTES waits on disk: an unsigned sender never makes
     # the ingress hold a large body in memory.
-    signature = HmacSha256Stream(source.secrets)
+    verifier = provider.verifier(headers, source.secrets)
     limit = runtime.settings.max_body_bytes
-    with await _receive_body(receive, headers.get("content-length"), limit, signature) as received:
-        if not signature.matches(lookup_header(headers, adapter.SIGNATURE_HEADER)):
-            runtime.metrics.rejected_signatures.labels(provider).inc()
+    with await _receive_body(receive, headers.get("content-length"), limit, verifier) as received:
+        if not verifier.matches():
+            runtime.metrics.rejected_signatures.labels(name).inc()
             raise Refusal(401, "missing or invalid signature", "bad_signature")
         body = received.read()
 
-    delivery_id = adapter.delivery_id(headers, body)
+    delivery_id = provider.delivery_id(headers, body)
     if delivery_id is None:
-        raise Refusal(400, f"missing {adapter.DELIVERY_HEADER} header", "bad_request")
+        raise Refusal(400, f"missing {provider.delivery_header} header", "bad_request")
     if not _DELIVERY_ID.fullmatch(delivery_id):
         # GitHub's are GUIDs, Jira's numbers: anything else is not theirs, and
         # a value the unique index cannot hold must not become a "retry later".
         raise Refusal(
             400,
-            f"invalid {adapter.DELIVERY_HEADER} header: at most {DELIVERY_ID_LENGTH} "
+            f"invalid {provider.delivery_header} header: at most {DELIVERY_ID_LENGTH} "
             "printable ASCII characters",
             "bad_request",
         )
@@ -180,7 +191,8 @@ async def _take(
     # The body and the one header the event may come from: the same bytes
     # and the same event header pass every guard below exactly as before.
     body_sha256 = hashlib.sha256(body).hexdigest()
-    fingerprint = f"{body_sha256} {headers.get('x-github-event', '')}"
+    event_header = headers.get(provider.event_header, "") if provider.event_header else ""
+    fingerprint = f"{body_sha256} {event_header}"
     if runtime.stored_lately(source.id, delivery_id, fingerprint):
         # A redelivery, byte for byte, of a delivery this process committed
         # lately: "duplicate", without parsing the body again or asking the
@@ -189,13 +201,13 @@ async def _take(
 
     content_type = headers.get("content-type")
     try:
-        payload = adapter.decode_body(content_type, body)
+        payload = provider.decode_body(content_type, body)
     except UnsupportedContentType as error:
         raise Refusal(415, str(error), "unsupported_media_type") from None
     except UnsupportedPayload as error:
         raise Refusal(400, str(error), "bad_request") from None
 
-    event = adapter.event_of(headers, payload)
+    event = provider.event_of(headers, payload)
     if event is None:
         raise Refusal(400, "the delivery names no event", "bad_request")
     # The inbox row must be able to hold what it keeps: a field it cannot
@@ -209,7 +221,7 @@ async def _take(
     # A body that says when it was sent (Jira's) is refused once it is older
     # than any retry of its sender: a captured body cannot be replayed for ever.
     max_age = runtime.settings.max_delivery_age_seconds
-    sent_at = adapter.sent_at(payload)
+    sent_at = provider.sent_at(payload)
     if max_age and sent_at is not None and (age := time.time() - sent_at) > max_age:
         raise Refusal(
             400,
@@ -218,13 +230,14 @@ async def _take(
             "too_old",
         )
 
+    known = event in provider.handled_events or event in provider.ignored_events
     if event in source.create_events:
         status, reason = DeliveryStatus.QUEUED, None
-        reading = read_delivery(adapter, event, payload, source.site_url)
+        reading = read_delivery(provider, event, payload, source.site_url)
     else:
-        status, reason = DeliveryStatus.IGNORED, f"{event} does not create tasks for this source"
+        status, reason = DeliveryStatus.IGNORED, ignored_reason(provider, event)
         reading = NOTHING_READ
-    action = payload.get("action") if provider == "github" else None
+    action = provider.action_of(payload)
     incoming = IncomingDelivery(
         source_id=source.id,
         delivery_id=delivery_id,
@@ -233,9 +246,9 @@ async def _take(
         event=event,
         # Informational fields: kept when storable, dropped otherwise.
         action=action if _storable(action, ACTION_LENGTH) else None,
-        headers=_kept_headers(headers),
+        headers=_kept_headers(headers, kept_raw),
         content_type=content_type,
-        hook_id=hook_id if _storable(hook_id := headers.get("x-github-hook-id"), 64) else None,
+        hook_id=hook_id if _storable(hook_id := provider.hook_id(headers), 64) else None,
         status=status,
         status_reason=reason,
         external_id=reading.external_id,
@@ -243,7 +256,7 @@ async def _take(
     )
     recorded = await runtime.record_delivery(incoming)
     if recorded.payload_mismatch:
-        runtime.metrics.payload_mismatches.labels(provider).inc()
+        runtime.metrics.payload_mismatches.labels(name).inc()
     else:
         runtime.remember(source.id, delivery_id, fingerprint)
 
@@ -252,7 +265,8 @@ async def _take(
     if not recorded.is_new or recorded.status is DeliveryStatus.MISMATCH:
         return 202, _DUPLICATE, "duplicate"
     if recorded.status is DeliveryStatus.IGNORED:
-        return 202, _IGNORED, "ignored"
+        # The same answer either way; only the metrics tell an unknown event apart.
+        return 202, _IGNORED, "ignored" if known else "unknown_event"
     if recorded.status is DeliveryStatus.REPLAY:
         return 202, b'{"delivery":%d,"status":"replay"}' % recorded.pk, "replay"
     # Committed first, enqueued after: the message never names a row that
@@ -295,7 +309,7 @@ class _ReceivedBody:
 
 
 async def _receive_body(
-    receive: Receive, content_length: str | None, limit: int, signature: HmacSha256Stream
+    receive: Receive, content_length: str | None, limit: int, signature: Verifier
 ) -> _ReceivedBody:
     """The raw body, fed to ``signature`` as it arrives; refused with 413 as
     soon as it passes ``limit`` -- a huge or lying Content-Length is never
@@ -377,13 +391,13 @@ def _storable(value: object, length: int) -> bool:
     return True
 
 
-def _kept_headers(headers: Headers) -> dict[str, str]:
-    """The :data:`KEPT_HEADERS` present, first value of each (as ``headers[name]``),
+def _kept_headers(headers: Headers, kept_raw: tuple[bytes, ...]) -> dict[str, str]:
+    """The ``kept_raw`` headers present, first value of each (as ``headers[name]``),
     read in one pass over the raw list."""
     found: dict[bytes, bytes] = {}
     for name, value in headers.raw:
-        if name in _KEPT_RAW and name not in found:
+        if name in kept_raw and name not in found:
             found[name] = value
     return {
-        name.decode("latin-1"): found[name].decode("latin-1") for name in _KEPT_RAW if name in found
+        name.decode("latin-1"): found[name].decode("latin-1") for name in kept_raw if name in found
     }

@@ -24,6 +24,7 @@ from models.errors import WorkspaceNotAccessible
 from models.events import EventType
 from models.external_id import InvalidExternalId, normalize_external_id
 from models.inbox import DeliveryNotFound, DeliveryStatus, counts_by_status, oldest_queued_at
+from models.providers import UNKNOWN_EVENT
 from models.tables import (
     Delivery,
     IdentityRelease,
@@ -573,12 +574,25 @@ class InboxStats:
     counts: dict[str, int]
     oldest_queued_at: datetime | None
     oldest_queued_age_seconds: float | None
+    #: Of the ignored deliveries, those of an event their provider does not
+    #: know (``models.providers.UNKNOWN_EVENT``): a new event, or a webhook
+    #: sending more than it should.
+    unknown_events: int = 0
 
 
 def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
-    """Deliveries by status, and how long the oldest queued one has waited since
-    it was received (the number that falls back to zero after a lost broker)."""
+    """Deliveries by status, how long the oldest queued one has waited since it
+    was received (the number that falls back to zero after a lost broker), and
+    how many were ignored as unknown events."""
     oldest = oldest_queued_at(session=session)
     now = now or utcnow()
     age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else None
-    return InboxStats(counts_by_status(session=session), oldest, age)
+    # The ingress starts such a delivery's reason with UNKNOWN_EVENT; no column
+    # of its own, since it is ignored like any other event and only counted apart.
+    unknown = session.scalar(
+        select(func.count()).where(
+            Delivery.status == DeliveryStatus.IGNORED.value,
+            Delivery.status_reason.startswith(UNKNOWN_EVENT, autoescape=True),
+        )
+    )
+    return InboxStats(counts_by_status(session=session), oldest, age, unknown or 0)

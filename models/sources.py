@@ -1,5 +1,5 @@
-"""Webhook sources: which GitHub or Jira webhook feeds which workspace, and how
-its deliveries are verified."""
+"""Webhook sources: which provider's webhook (GitHub, Jira, GitLab, ...) feeds
+which workspace, and how its deliveries are verified."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from models.errors import TaskStoreError
+from models.providers import PROVIDERS as REGISTRY
 from models.tables import SourceSecret, WebhookSource, Workspace, utcnow
 
-PROVIDERS = ("github", "jira")
+#: The provider names a source may have: every registered provider.
+PROVIDERS = tuple(REGISTRY)
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 
 

@@ -49,7 +49,7 @@ MAX_TITLE_LENGTH = 500
 #: The longest description a task keeps, in characters. GitHub caps an issue
 #: or pull request body at 65,536 characters and Jira Cloud a description at
 #: 32,767, so a real item fits whole; the adapters cut anything longer
-#: (ingest.drafts.draft_description) rather than lose the delivery.
+#: (models.providers.drafts.draft_description) rather than lose the delivery.
 MAX_DESCRIPTION_LENGTH = 65_536
 #: What the source link's columns hold (models.tables.TaskSource).
 MAX_PROVIDER_LENGTH = 32

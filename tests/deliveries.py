@@ -25,6 +25,16 @@ GITHUB_EVENT_OF = {
     "push": "push",
 }
 
+#: The X-Gitlab-Event GitLab sends with each fixture (the action is in the body).
+GITLAB_EVENT_OF = {
+    "issue_hook": "Issue Hook",
+    "merge_request_hook": "Merge Request Hook",
+    "note_hook": "Note Hook",
+    "push_hook": "Push Hook",
+}
+#: What GitLab's User-Agent names: its version (``GitLab/<version>``).
+GITLAB_VERSION = "18.4.0"
+
 
 #: When "now" is for this test run: Jira's bodies say when they were sent,
 #: and the ingress refuses old ones (TASKHOOK_MAX_DELIVERY_AGE_SECONDS).
@@ -75,5 +85,23 @@ def jira_headers(
         "User-Agent": "Atlassian Webhook HTTP Client",
         "X-Atlassian-Webhook-Identifier": delivery or str(uuid.uuid4().int % 10**12),
         "X-Hub-Signature": sign(body, secret),
+        **extra,
+    }
+
+
+def gitlab_headers(
+    name: str, token: str, *, delivery: str | None = None, **extra: str
+) -> dict[str, str]:
+    """Headers as GitLab sends them for fixture ``name`` (``issue_hook__open``):
+    the secret token as it is, no signature (tests/fixtures/HEADERS.md)."""
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": f"GitLab/{GITLAB_VERSION}",
+        "X-Gitlab-Event": GITLAB_EVENT_OF[name.split("__")[0]],
+        "X-Gitlab-Token": token,
+        "Idempotency-Key": delivery or str(uuid.uuid4()),
+        "X-Gitlab-Event-UUID": str(uuid.uuid4()),
+        "X-Gitlab-Webhook-UUID": str(uuid.uuid4()),
+        "X-Gitlab-Instance": "https://gitlab.example.com",
         **extra,
     }

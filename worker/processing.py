@@ -86,8 +86,6 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
-from ingest.adapters import ADAPTERS
-from ingest.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
 from models.access import Caller
 from models.errors import (
     InvalidTask,
@@ -106,6 +104,8 @@ from models.inbox import (
     fence_create,
     finish,
 )
+from models.providers import PROVIDERS
+from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
 from models.settings import Settings
 from models.tables import Delivery, Task, WebhookSource, utcnow
 from models.tasks import (
@@ -374,10 +374,10 @@ def draft_of(
 
     Raises :class:`UnsupportedPayload` or :class:`UnsupportedContentType`.
     """
-    adapter = ADAPTERS.get(provider)
-    if adapter is None:
-        raise UnsupportedPayload(f"no adapter for provider {provider!r}")
-    return adapter.to_draft(event, adapter.decode_body(content_type, body), site=site_url)
+    known = PROVIDERS.get(provider)
+    if known is None:
+        raise UnsupportedPayload(f"no provider {provider!r}")
+    return known.to_draft(event, known.decode_body(content_type, body), site=site_url)
 
 
 # --- the run ---------------------------------------------------------------------------

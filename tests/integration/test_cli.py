@@ -386,7 +386,7 @@ def test_source_add_mistakes(store: Store):
         store, "source", "add", "github", "--workspace", "acme", "--site", "https://x.example"
     )
     bad_site = taskhook(store, "source", "add", "jira", "--workspace", "acme", "--site", "acme")
-    unknown_provider = taskhook(store, "source", "add", "gitlab", "--workspace", "acme")
+    unknown_provider = taskhook(store, "source", "add", "bitbucket", "--workspace", "acme")
     taskhook(store, "source", "add", "github", "--workspace", "acme")
     duplicate = refused(taskhook(store, "source", "add", "github", "--workspace", "acme"))
 

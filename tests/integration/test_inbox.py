@@ -274,7 +274,7 @@ def test_unknown_disabled_and_wrong_provider_sources_look_the_same(store: Store)
 @pytest.mark.parametrize(
     "change",
     [
-        {"provider": "gitlab"},
+        {"provider": "bitbucket"},
         {"slug": "Not A Slug"},
         {"secret": "  "},
         {"create_events": []},

@@ -156,7 +156,7 @@ def swept_in(text: str) -> int:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A workspace fed by a Jira and a GitHub source, with their signing secrets."""
+    """A workspace fed by a Jira, a GitHub and a GitLab source, with their secrets."""
 
     workspace_id: int
     slug: str
@@ -164,6 +164,8 @@ class Tenant:
     jira_secret: str
     github_source: str
     github_secret: str
+    gitlab_source: str
+    gitlab_secret: str
 
     def jira(self, key: str, **options) -> Delivery:
         return Delivery.jira(self.jira_source, self.jira_secret, key, **options)
@@ -175,6 +177,7 @@ class Tenant:
 def add_tenant(sessions: sessionmaker[Session], secret_book, slug: str, prefix: str) -> Tenant:
     jira_secret = secret_book.new(f"{slug}-jira-secret")
     github_secret = secret_book.new(f"{slug}-github-secret")
+    gitlab_secret = secret_book.new(f"{slug}-gitlab-secret")
     with session_scope(sessions) as session:
         workspace = create_workspace(
             session=session, slug=slug, name=slug.title(), task_prefix=prefix
@@ -196,8 +199,25 @@ def add_tenant(sessions: sessionmaker[Session], secret_book, slug: str, prefix: 
             secret=github_secret,
             create_events=["issues.opened", "pull_request.opened"],
         )
+        add_source(
+            session=session,
+            provider="gitlab",
+            workspace_id=workspace.id,
+            slug=f"{slug}-gitlab",
+            secret=gitlab_secret,
+            create_events=["Issue Hook.open", "Merge Request Hook.open"],
+        )
         workspace_id = workspace.id
-    return Tenant(workspace_id, slug, f"{slug}-jira", jira_secret, f"{slug}-github", github_secret)
+    return Tenant(
+        workspace_id,
+        slug,
+        f"{slug}-jira",
+        jira_secret,
+        f"{slug}-github",
+        github_secret,
+        f"{slug}-gitlab",
+        gitlab_secret,
+    )
 
 
 def unfinished(sessions: sessionmaker[Session]) -> int:

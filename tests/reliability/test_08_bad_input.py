@@ -51,9 +51,9 @@ from schemathesis.checks import not_a_server_error
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ingest.adapters import ADAPTERS
 from ingest.app import create_app
 from models.db import session_scope
+from models.providers import PROVIDERS
 from models.settings import Settings
 from models.tables import Delivery as DeliveryRow
 from models.tables import Task, WebhookSource
@@ -705,7 +705,7 @@ def test_a_draft_with_a_blank_identity_is_dead_not_a_task_without_one(
     alike, and the worker runs with its PostgreSQL fast path on and off."""
     fuzz.cases["blank identity (worker guard)"] += 1
     tenant = fuzz.tenant
-    jira = ADAPTERS["jira"]
+    jira = PROVIDERS["jira"]
     real = jira.to_draft
 
     def blank(*arguments, **keywords):

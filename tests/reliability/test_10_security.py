@@ -36,14 +36,14 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.routing import Mount, Route
 
-import ingest.drafts
+import models.providers.signing
 from ingest.app import create_app
 from models.db import session_scope
 from models.settings import Settings
 from models.tables import Delivery as DeliveryRow
 from models.tables import IdentityRelease, Task
 from models.tokens import issue_token
-from tests.deliveries import fixture, sign
+from tests.deliveries import fixture, gitlab_headers, sign
 from tests.e2e.conftest import ROOT
 from tests.reliability.invariants import assert_invariants
 from tests.reliability.stack import Tenant, add_tenant, database_view
@@ -144,23 +144,40 @@ def _mcp_call(t: Tenants, headers: dict[str, str]) -> list:
     return [t.client.post("/mcp/", json=body, headers=MCP_HEADERS | headers)]
 
 
-def _webhook(provider: str) -> Attempt:
-    def attempt(t: Tenants, headers: dict[str, str]) -> list:
-        # Signed with acme's secret, sent to globex's source.
-        name = "issues__opened" if provider == "github" else "jira_issue_created__cloud"
-        body = fixture(provider, name)
-        source = t.globex.github_source if provider == "github" else t.globex.jira_source
-        secret = t.acme.github_secret if provider == "github" else t.acme.jira_secret
-        signed = {
-            "X-Hub-Signature-256" if provider == "github" else "X-Hub-Signature": sign(
-                body, secret
-            ),
+#: Per provider: a fixture that creates, and the headers that carry acme's
+#: secret (a signature over the body, or GitLab's token as it is).
+_OUTSIDER_DELIVERY: dict[str, tuple[str, Callable[[bytes, str], dict[str, str]]]] = {
+    "github": (
+        "issues__opened",
+        lambda body, secret: {
+            "X-Hub-Signature-256": sign(body, secret),
             "X-GitHub-Event": "issues",
             "X-GitHub-Delivery": "outsider",
+        },
+    ),
+    "jira": (
+        "jira_issue_created__cloud",
+        lambda body, secret: {
+            "X-Hub-Signature": sign(body, secret),
             "X-Atlassian-Webhook-Identifier": "outsider",
-            "Content-Type": "application/json",
-        }
-        return [t.client.post(f"/webhooks/{provider}/{source}", content=body, headers=signed)]
+        },
+    ),
+    "gitlab": (
+        "issue_hook__open",
+        lambda body, secret: gitlab_headers("issue_hook__open", secret, delivery="outsider"),
+    ),
+}
+
+
+def _webhook(provider: str) -> Attempt:
+    def attempt(t: Tenants, headers: dict[str, str]) -> list:
+        # With acme's secret, sent to globex's source.
+        name, dressed = _OUTSIDER_DELIVERY[provider]
+        body = fixture(provider, name)
+        source = getattr(t.globex, f"{provider}_source")
+        secret = getattr(t.acme, f"{provider}_secret")
+        sent = {"Content-Type": "application/json"} | dressed(body, secret)
+        return [t.client.post(f"/webhooks/{provider}/{source}", content=body, headers=sent)]
 
     return attempt
 
@@ -214,8 +231,10 @@ ATTEMPTS: dict[tuple[str, str], Attempt] = {
             headers=h | {"Accept": "text/event-stream"},
         ),
     ],
-    ("POST", "/webhooks/github/{source}"): _webhook("github"),
-    ("POST", "/webhooks/jira/{source}"): _webhook("jira"),
+    **{
+        ("POST", f"/webhooks/{provider}/{{source}}"): _webhook(provider)
+        for provider in _OUTSIDER_DELIVERY
+    },
     ("*", "/mcp"): _mcp_call,
 }
 
@@ -368,7 +387,7 @@ def test_every_signature_check_compares_in_constant_time_against_every_secret(mo
     monkeypatch.setattr(hmac, "compare_digest", spy)
     for name, signature in presented.items():
         calls.clear()
-        verified = ingest.drafts.verify_hmac_sha256(body, signature, secrets)
+        verified = models.providers.signing.verify_hmac_sha256(body, signature, secrets)
         assert verified is (name == "valid")
         assert calls == [(bytes, bytes)] * len(secrets), name
 
@@ -384,7 +403,7 @@ def _mismatch_timings(body: bytes, good: str) -> dict:
     for _ in range(2000):
         for name, signature in (("first byte wrong", early), ("last byte wrong", late)):
             started = time.perf_counter_ns()
-            ingest.drafts.verify_hmac_sha256(body, signature, secrets)
+            models.providers.signing.verify_hmac_sha256(body, signature, secrets)
             samples[name].append(time.perf_counter_ns() - started)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     return {

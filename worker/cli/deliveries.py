@@ -181,7 +181,8 @@ def deliveries_replay(runtime: Runtime, delivery: int, as_json: bool) -> None:
 @json_option
 @pass_runtime
 def stats(runtime: Runtime, as_json: bool) -> None:
-    """Deliveries by status and the age of the oldest queued one."""
+    """Deliveries by status, the age of the oldest queued one, and how many
+    were ignored as events their provider does not know."""
     with runtime.session() as session:
         found = inbox_stats(session=session)
     if as_json:
@@ -189,6 +190,11 @@ def stats(runtime: Runtime, as_json: bool) -> None:
         return
     print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
     click.echo()
+    # Counted within "ignored" above: stored and answered like any ignored event.
+    click.echo(
+        f"Unknown events: {found.unknown_events} ignored (an event their provider does not "
+        "know; their reason starts with “unknown event”)."
+    )
     if found.oldest_queued_at is None:
         click.echo("Oldest queued: none (nothing waiting).")
     else:

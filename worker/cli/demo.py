@@ -18,7 +18,8 @@ from pathlib import Path
 import click
 from sqlalchemy.engine import make_url
 
-from ingest.adapters import ADAPTERS, read_delivery
+from ingest.adapters import read_delivery
+from models.providers import PROVIDERS
 from models.reports import list_source_summaries, list_workspaces
 from models.sources import add_source, verifying_source
 from models.tables import Workspace
@@ -29,6 +30,8 @@ from worker.cli.sources import webhook_url
 
 #: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+#: The providers the demo sends samples of (GitHub and Jira; any other provider's
+#: sources work all the same, the demo just has no sample of theirs).
 SAMPLES = {"github": "issues__opened", "jira": "jira_issue_created__cloud"}
 DEMO_SOURCES = {"github": "demo-github", "jira": "demo-jira"}
 
@@ -158,9 +161,9 @@ def _sent_now(provider: str, body: bytes) -> bytes:
 
 def _external_id_of(provider: str, headers: dict[str, str], body: bytes) -> str:
     """The external id the sample names, read as the ingress reads it."""
-    adapter = ADAPTERS[provider]
+    reader = PROVIDERS[provider]
     payload = json.loads(body)
-    reading = read_delivery(adapter, adapter.event_of(headers, payload) or "", payload, None)
+    reading = read_delivery(reader, reader.event_of(headers, payload) or "", payload, None)
     return reading.external_id or "?"
 
 

@@ -1,4 +1,4 @@
-"""``taskhook source``: which GitHub or Jira webhook feeds which workspace."""
+"""``taskhook source``: which provider's webhook feeds which workspace."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import click
 from sqlalchemy.exc import IntegrityError
 
-from ingest import github, jira
+from models.providers import PROVIDERS as REGISTRY
 from models.reports import get_workspace, list_source_summaries
 from models.settings import Settings
 from models.sources import (
@@ -25,16 +25,10 @@ from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import checked_by
 from worker.cli.runtime import Refused, Runtime, pass_runtime
 
-#: Per provider: the adapter's handled events (what ``--events`` may name) and its defaults.
-ADAPTERS = {
-    "github": (github.HANDLED_EVENTS, github.DEFAULT_CREATE_EVENTS),
-    "jira": (jira.HANDLED_EVENTS, jira.DEFAULT_CREATE_EVENTS),
-}
-
 
 @click.group()
 def source() -> None:
-    """Webhook sources: which GitHub or Jira webhook feeds which workspace."""
+    """Webhook sources: which provider's webhook feeds which workspace."""
 
 
 def webhook_url(settings: Settings, provider: str, slug: str) -> str:
@@ -42,9 +36,9 @@ def webhook_url(settings: Settings, provider: str, slug: str) -> str:
 
 
 def _events_for(provider: str, given: str | None) -> list[str]:
-    handled, defaults = ADAPTERS[provider]
+    handled = REGISTRY[provider].handled_events
     if given is None:
-        return sorted(defaults)
+        return sorted(REGISTRY[provider].default_create_events)
     events = sorted({event.strip() for event in given.split(",") if event.strip()})
     unknown = [event for event in events if event not in handled]
     if not events or unknown:
@@ -57,9 +51,11 @@ def _events_for(provider: str, given: str | None) -> list[str]:
 
 
 def _print_secret_once(secret: str, provider: str) -> None:
-    where = "GitHub's webhook “Secret” field" if provider == "github" else "Jira's webhook secret"
     click.echo(f"Secret:      {secret}")
-    click.echo(f"             Paste it into {where} now: it will not be shown again.")
+    click.echo(
+        f"             Paste it into {REGISTRY[provider].secret_help} now: "
+        "it will not be shown again."
+    )
 
 
 @source.command("add")
@@ -80,9 +76,14 @@ def _print_secret_once(secret: str, provider: str) -> None:
 @click.option(
     "--events",
     default=None,
-    help="Comma-separated events that create tasks [the adapter's defaults].",
+    help="Comma-separated events that create tasks [the provider's defaults].",
 )
-@click.option("--site", default=None, help="Jira only: the site links point at.")
+@click.option(
+    "--site",
+    default=None,
+    help=f"{', '.join(p.label for p in REGISTRY.values() if p.takes_site)} only: "
+    "the site links point at.",
+)
 @json_option
 @pass_runtime
 def source_add(
@@ -95,11 +96,12 @@ def source_add(
     site: str | None,
     as_json: bool,
 ) -> None:
-    """Connect a PROVIDER (github or jira) webhook to a workspace; print its URL."""
+    """Connect a PROVIDER's webhook to a workspace; print its URL."""
     create_events = _events_for(provider, events)
     if site is not None:
-        if provider != "jira":
-            raise click.BadParameter("only Jira sources have a site", param_hint="--site")
+        if not REGISTRY[provider].takes_site:
+            with_site = " and ".join(p.label for p in REGISTRY.values() if p.takes_site)
+            raise click.BadParameter(f"only {with_site} sources have a site", param_hint="--site")
         if urlsplit(site).scheme not in ("http", "https") or not urlsplit(site).netloc:
             raise click.BadParameter(
                 f"{site!r} is not an http(s) URL, e.g. https://acme.atlassian.net",
@@ -125,7 +127,7 @@ def source_add(
         raise Refused(f"a source named {slug!r} already exists") from None
     url = webhook_url(runtime.settings, provider, slug)
     # Printed only now, after the commit: a secret for a source that was never
-    # stored would be pasted into GitHub or Jira for nothing.
+    # stored would be pasted into the provider for nothing.
     if as_json:
         document = {
             "source": slug,
@@ -144,12 +146,8 @@ def source_add(
         _print_secret_once(secret, provider)
     else:
         click.echo("Secret:      the one you gave (never printed)")
-    if provider == "github":
-        click.echo("In GitHub:   Settings → Webhooks → Add webhook; content type application/json;")
-        click.echo("             send the Issues and Pull requests events.")
-    else:
-        click.echo("In Jira:     Settings → System → WebHooks → Create a WebHook;")
-        click.echo("             send Issue created events.")
+    for line in REGISTRY[provider].setup_help:
+        click.echo(line)
 
 
 @source.command("list")
@@ -179,7 +177,7 @@ def source_list(runtime: Runtime, as_json: bool) -> None:
             )
             for s, url in zip(found, urls, strict=True)
         ),
-        empty="No sources yet: taskhook source add github|jira --workspace SLUG",
+        empty=f"No sources yet: taskhook source add {'|'.join(PROVIDERS)} --workspace SLUG",
     )
 
 

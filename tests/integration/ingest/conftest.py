@@ -1,4 +1,4 @@
-"""What the ingress tests share: an app on the store, with two sources."""
+"""What the ingress tests share: an app on the store, with a source per provider."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from models.settings import Settings
 from models.sources import add_source
 from models.tables import Delivery
 from tests.conftest import Store
-from tests.deliveries import fixture, github_headers, jira_headers
+from tests.deliveries import fixture, github_headers, gitlab_headers, jira_headers
 
 GITHUB_SECRET = "gh-secret-1"
 JIRA_SECRET = "jira-secret-1"
 JIRA_SITE = "https://acme.atlassian.net"
+GITLAB_TOKEN = "gl-token-1"
 
 
 @dataclass
@@ -55,6 +56,19 @@ class Ingress:
         sent = jira_headers(body, secret) | headers
         return self.client.post(f"/webhooks/jira/{source}", content=body, headers=sent)
 
+    def gitlab(
+        self,
+        name: str,
+        *,
+        body: bytes | None = None,
+        token: str = GITLAB_TOKEN,
+        source: str = "acme-gitlab",
+        **headers: str,
+    ):
+        body = fixture("gitlab", name) if body is None else body
+        sent = gitlab_headers(name, token) | headers
+        return self.client.post(f"/webhooks/gitlab/{source}", content=body, headers=sent)
+
     def deliveries(self) -> list[Delivery]:
         with self.store.sessions() as session:
             return list(session.scalars(select(Delivery).order_by(Delivery.id)))
@@ -84,6 +98,14 @@ def ingress(store: Store) -> Iterator[Ingress]:
             secret=JIRA_SECRET,
             create_events=["jira:issue_created"],
             site_url=JIRA_SITE,
+        )
+        add_source(
+            session=session,
+            provider="gitlab",
+            workspace_id=workspace.id,
+            slug="acme-gitlab",
+            secret=GITLAB_TOKEN,
+            create_events=["Issue Hook.open", "Merge Request Hook.open"],
         )
     published: list[int] = []
     app = create_app(settings_for(store.url), publish=published.extend)

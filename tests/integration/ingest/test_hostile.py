@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ingest.app import create_app
-from ingest.signing import HmacSha256Stream
 from ingest.webhooks import UNVERIFIED_IN_MEMORY_BYTES, _receive_body
+from models.providers.signing import HmacSha256Stream
 from tests.conftest import Store
 from tests.deliveries import fixture, github_headers, sign
 from tests.integration.ingest.conftest import GITHUB_SECRET, Ingress, settings_for, wait_until

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from ingest.adapters import ADAPTERS
 from ingest.app import create_app
-from ingest.signing import HmacSha256Stream
 from ingest.webhooks import Refusal, _receive_body
 from models.db import session_scope
+from models.providers import PROVIDERS
+from models.providers.signing import HmacSha256Stream
 from models.sources import add_secret, add_source, set_source_enabled
 from models.tables import Delivery
 from tests.conftest import Store
@@ -76,7 +76,7 @@ def test_a_jira_create_event_is_stored_queued_and_enqueued(ingress: Ingress, nam
 
 def assert_keeps_the_draft(row: Delivery, *, site: str | None) -> None:
     """The row keeps the task its body describes, as the worker would read it."""
-    adapter = ADAPTERS["jira" if row.event.startswith("jira:") else "github"]
+    adapter = PROVIDERS["jira" if row.event.startswith("jira:") else "github"]
     draft = adapter.to_draft(row.event, json.loads(row.body), site=site)
     kept = (row.draft_title, row.draft_description, row.draft_url, row.draft_remote_key)
     assert kept == (draft.title.strip(), draft.description, draft.url, draft.remote_key)

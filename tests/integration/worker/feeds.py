@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ingest.adapters import ADAPTERS, NOTHING_READ, Reading, read_delivery
+from ingest.adapters import NOTHING_READ, Reading, read_delivery
 from models.db import session_scope
 from models.inbox import IncomingDelivery, record_delivery
+from models.providers import PROVIDERS
 from models.sources import add_source
 from models.tables import Delivery, Task, TaskSource
 from models.workspaces import StepSpec, create_workspace
@@ -153,8 +154,8 @@ def store_fixture(
     event = event_of(provider, name, body)
     reading = NOTHING_READ
     if read:
-        payload = ADAPTERS[provider].decode_body("application/json", body)
-        reading = read_delivery(ADAPTERS[provider], event, payload, JIRA_SITE)
+        payload = PROVIDERS[provider].decode_body("application/json", body)
+        reading = read_delivery(PROVIDERS[provider], event, payload, JIRA_SITE)
     return store_delivery(
         sessions,
         feed.source_id(provider),

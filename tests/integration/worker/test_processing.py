@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import delete, update
 from sqlalchemy.exc import OperationalError
 
-from ingest.adapters import ADAPTERS
 from models.db import session_scope
 from models.inbox import DeliveryStatus, replay, sweepable
+from models.providers import PROVIDERS
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
 from models.tasks import CreateHooks, delete_task, release_external_id
@@ -428,7 +428,7 @@ def blank_identities(monkeypatch: pytest.MonkeyPatch) -> None:
     ingress and in the worker alike. No adapter does (each prefixes its own);
     were one to, a task without an identity would be made again by every
     redelivery."""
-    jira = ADAPTERS["jira"]
+    jira = PROVIDERS["jira"]
     real = jira.to_draft
 
     def blank(*arguments, **keywords):

@@ -14,9 +14,10 @@ import json
 
 import pytest
 
-from ingest.adapters import ADAPTERS, read_delivery
+from ingest.adapters import read_delivery
 from models.db import session_scope
 from models.inbox import DeliveryStatus
+from models.providers import PROVIDERS
 from models.sources import add_source
 from tests.conftest import Store
 from tests.deliveries import fixture
@@ -51,7 +52,7 @@ def store_body(store: Store, source_id: int, provider: str, event: str, payload:
     """Store ``payload`` as the ingress does: with whatever it read from the body."""
     body = json.dumps(payload).encode()  # ensure_ascii: "\\u0000", "\\ud800" escapes
     site = None  # the sources here have none (the GitHub adapter never uses it)
-    reading = read_delivery(ADAPTERS[provider], event, json.loads(body), site)
+    reading = read_delivery(PROVIDERS[provider], event, json.loads(body), site)
     return store_delivery(store.sessions, source_id, body=body, event=event, reading=reading)
 
 

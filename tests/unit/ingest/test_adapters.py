@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from ingest.adapters import ADAPTERS, NOTHING_READ, read_delivery
+from ingest.adapters import NOTHING_READ, read_delivery
+from models.providers import PROVIDERS
 from models.tasks import MAX_TITLE_LENGTH, SourceLink
 from tests.deliveries import fixture
 
@@ -23,7 +24,7 @@ SITE = "https://acme.atlassian.net"
 )
 def test_it_is_the_task_the_worker_would_read(provider, name, event, expected):
     payload = json.loads(fixture(provider, name))
-    adapter = ADAPTERS[provider]
+    adapter = PROVIDERS[provider]
     draft = adapter.to_draft(event, payload, site=SITE)
 
     reading = read_delivery(adapter, event, payload, SITE)
@@ -36,7 +37,7 @@ def test_it_is_the_task_the_worker_would_read(provider, name, event, expected):
 
 
 def test_a_body_that_names_none_the_worker_could_use_reads_nothing():
-    github = ADAPTERS["github"]
+    github = PROVIDERS["github"]
     opened = json.loads(fixture("github", "issues__opened"))
     assert read_delivery(github, "issues.opened", {"action": "opened"}, None) == NOTHING_READ
     assert read_delivery(github, "issues.closed", opened, None) == NOTHING_READ
@@ -45,13 +46,13 @@ def test_a_body_that_names_none_the_worker_could_use_reads_nothing():
 def test_a_malformed_identity_reads_nothing_not_an_error():
     payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
     payload["issue"]["key"] = "TES-\x0041"
-    assert read_delivery(ADAPTERS["jira"], "jira:issue_created", payload, None) == NOTHING_READ
+    assert read_delivery(PROVIDERS["jira"], "jira:issue_created", payload, None) == NOTHING_READ
 
 
 def test_a_task_the_store_would_refuse_keeps_the_identity_and_no_task(monkeypatch):
     # The adapters cut titles to what the store accepts; were one not to, the
     # worker must read the body itself and say why the task cannot be made.
-    jira = ADAPTERS["jira"]
+    jira = PROVIDERS["jira"]
     payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
     draft = jira.to_draft("jira:issue_created", payload, site=SITE)
     too_long = type(draft)(**{**draft.__dict__, "title": "x" * (MAX_TITLE_LENGTH + 1)})
@@ -63,7 +64,7 @@ def test_a_task_the_store_would_refuse_keeps_the_identity_and_no_task(monkeypatc
 
 
 def test_a_link_no_database_can_store_keeps_the_identity_and_no_task(monkeypatch):
-    jira = ADAPTERS["jira"]
+    jira = PROVIDERS["jira"]
     payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
     draft = jira.to_draft("jira:issue_created", payload, site=SITE)
     unstorable = type(draft)(**{**draft.__dict__, "remote_key": "TES-41\x00"})

@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from ingest import github
-from ingest.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
+from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
+from models.providers.github import GITHUB as github
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "github"
 JSON = "application/json"
@@ -53,7 +53,7 @@ def check_fixture(
     payload = github.decode_body(JSON, fixture_bytes(name))
     event = github.event_of(event_header(name), payload)
     assert event == expect_event
-    assert event in github.HANDLED_EVENTS and event not in github.IGNORED_EVENTS
+    assert event in github.handled_events and event not in github.ignored_events
 
     draft = github.to_draft(event, payload)
 
@@ -70,7 +70,7 @@ def check_ignored(name: str, *, expect_event: str) -> None:
     payload = github.decode_body(JSON, fixture_bytes(name))
     event = github.event_of(event_header(name), payload)
     assert event == expect_event
-    assert event in github.IGNORED_EVENTS and event not in github.HANDLED_EVENTS
+    assert event in github.ignored_events and event not in github.handled_events
     with pytest.raises(UnsupportedPayload, match="do not become tasks"):
         github.to_draft(event, payload)
 
@@ -154,12 +154,12 @@ def test_ignored_fixture(name: str, event: str) -> None:
 
 
 def test_handled_and_ignored_events_are_disjoint() -> None:
-    assert github.HANDLED_EVENTS.isdisjoint(github.IGNORED_EVENTS)
+    assert github.handled_events.isdisjoint(github.ignored_events)
 
 
 def test_the_default_create_events_are_handled() -> None:
-    assert {"issues.opened", "pull_request.opened"} == github.DEFAULT_CREATE_EVENTS
-    assert github.DEFAULT_CREATE_EVENTS <= github.HANDLED_EVENTS
+    assert {"issues.opened", "pull_request.opened"} == github.default_create_events
+    assert github.default_create_events <= github.handled_events
 
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda path: path.stem)
@@ -167,7 +167,7 @@ def test_every_fixture_event_is_either_handled_or_ignored(path: Path) -> None:
     payload = github.decode_body(JSON, path.read_bytes())
     event = github.event_of(event_header(path.stem), payload)
 
-    assert (event in github.HANDLED_EVENTS) != (event in github.IGNORED_EVENTS)
+    assert (event in github.handled_events) != (event in github.ignored_events)
 
 
 # --- signatures --------------------------------------------------------------
@@ -176,31 +176,31 @@ def test_every_fixture_event_is_either_handled_or_ignored(path: Path) -> None:
 def test_the_github_docs_test_vector_verifies() -> None:
     headers = {"X-Hub-Signature-256": DOCS_SIGNATURE}
 
-    assert github.verify_signature(DOCS_BODY, headers, [DOCS_SECRET])
+    assert github.verify(DOCS_BODY, headers, [DOCS_SECRET])
 
 
 def test_a_sha1_signature_alone_is_never_enough() -> None:
     headers = {"X-Hub-Signature": DOCS_SHA1_SIGNATURE}
 
-    assert not github.verify_signature(DOCS_BODY, headers, [DOCS_SECRET])
+    assert not github.verify(DOCS_BODY, headers, [DOCS_SECRET])
 
 
 def test_a_sha256_signature_in_the_sha1_header_is_not_read() -> None:
     headers = {"X-Hub-Signature": DOCS_SIGNATURE}
 
-    assert not github.verify_signature(DOCS_BODY, headers, [DOCS_SECRET])
+    assert not github.verify(DOCS_BODY, headers, [DOCS_SECRET])
 
 
 def test_the_sha256_header_decides_even_beside_a_valid_sha1_one() -> None:
     headers = {"X-Hub-Signature": DOCS_SHA1_SIGNATURE, "X-Hub-Signature-256": "sha256=00"}
 
-    assert not github.verify_signature(DOCS_BODY, headers, [DOCS_SECRET])
+    assert not github.verify(DOCS_BODY, headers, [DOCS_SECRET])
 
 
 def test_a_wrong_secret_does_not_verify() -> None:
     headers = {"X-Hub-Signature-256": DOCS_SIGNATURE}
 
-    assert not github.verify_signature(DOCS_BODY, headers, ["It's a Secret to Nobody"])
+    assert not github.verify(DOCS_BODY, headers, ["It's a Secret to Nobody"])
 
 
 def test_either_of_two_active_secrets_verifies_during_rotation() -> None:
@@ -210,20 +210,20 @@ def test_either_of_two_active_secrets_verifies_during_rotation() -> None:
         secret: {"X-Hub-Signature-256": "sha256=" + _hmac(secret, body)} for secret in (old, new)
     }
 
-    assert github.verify_signature(body, signed_with[old], [new, old])
-    assert github.verify_signature(body, signed_with[new], [new, old])
-    assert not github.verify_signature(body, signed_with[old], [new])
+    assert github.verify(body, signed_with[old], [new, old])
+    assert github.verify(body, signed_with[new], [new, old])
+    assert not github.verify(body, signed_with[old], [new])
 
 
 @pytest.mark.parametrize(
     "name", ["x-hub-signature-256", "X-HUB-SIGNATURE-256", "X-Hub-signature-256"]
 )
 def test_the_signature_header_name_matches_in_any_case(name: str) -> None:
-    assert github.verify_signature(DOCS_BODY, {name: DOCS_SIGNATURE}, [DOCS_SECRET])
+    assert github.verify(DOCS_BODY, {name: DOCS_SIGNATURE}, [DOCS_SECRET])
 
 
 def test_a_missing_signature_does_not_verify() -> None:
-    assert not github.verify_signature(DOCS_BODY, {}, [DOCS_SECRET])
+    assert not github.verify(DOCS_BODY, {}, [DOCS_SECRET])
 
 
 def _hmac(secret: str, body: bytes) -> str:

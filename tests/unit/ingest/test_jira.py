@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ingest import jira
-from ingest.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
+from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
+from models.providers.jira import JIRA as jira
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "jira"
 # What Jira Cloud sends (HEADERS.md, J1).
@@ -47,7 +47,7 @@ def check_fixture(
     payload = jira.decode_body(JSON, fixture_bytes(name))
     event = jira.event_of({}, payload)
     assert event == expect_event
-    assert event in jira.HANDLED_EVENTS and event not in jira.IGNORED_EVENTS
+    assert event in jira.handled_events and event not in jira.ignored_events
 
     draft = jira.to_draft(event, payload)
 
@@ -65,7 +65,7 @@ def check_ignored(name: str, *, expect_event: str) -> None:
     payload = jira.decode_body(JSON, fixture_bytes(name))
     event = jira.event_of({}, payload)
     assert event == expect_event
-    assert event in jira.IGNORED_EVENTS and event not in jira.HANDLED_EVENTS
+    assert event in jira.ignored_events and event not in jira.handled_events
     with pytest.raises(UnsupportedPayload, match="do not become tasks"):
         jira.to_draft(event, payload)
 
@@ -131,19 +131,19 @@ def test_ignored_fixture(name: str, event: str) -> None:
 
 
 def test_handled_and_ignored_events_are_disjoint() -> None:
-    assert jira.HANDLED_EVENTS.isdisjoint(jira.IGNORED_EVENTS)
+    assert jira.handled_events.isdisjoint(jira.ignored_events)
 
 
 def test_the_default_create_events_are_handled() -> None:
-    assert {"jira:issue_created"} == jira.DEFAULT_CREATE_EVENTS
-    assert jira.DEFAULT_CREATE_EVENTS <= jira.HANDLED_EVENTS
+    assert {"jira:issue_created"} == jira.default_create_events
+    assert jira.default_create_events <= jira.handled_events
 
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda path: path.stem)
 def test_every_fixture_event_is_either_handled_or_ignored(path: Path) -> None:
     event = jira.event_of({}, jira.decode_body(JSON, path.read_bytes()))
 
-    assert (event in jira.HANDLED_EVENTS) != (event in jira.IGNORED_EVENTS)
+    assert (event in jira.handled_events) != (event in jira.ignored_events)
 
 
 def test_the_event_is_the_webhook_event_field() -> None:
@@ -164,48 +164,48 @@ RAW_BODY_FIXTURE = "comment_created__cloud_compact"
 def test_a_signature_over_the_raw_body_verifies() -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
 
-    assert jira.verify_signature(body, {"X-Hub-Signature": sign(SECRET, body)}, [SECRET])
+    assert jira.verify(body, {"X-Hub-Signature": sign(SECRET, body)}, [SECRET])
 
 
 def test_a_signature_over_a_reformatted_body_does_not_verify() -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
     pretty = fixture_bytes("comment_created__cloud")  # the same delivery, pretty-printed
 
-    assert not jira.verify_signature(pretty, {"X-Hub-Signature": sign(SECRET, body)}, [SECRET])
+    assert not jira.verify(pretty, {"X-Hub-Signature": sign(SECRET, body)}, [SECRET])
 
 
 def test_a_wrong_secret_does_not_verify() -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
 
-    assert not jira.verify_signature(body, {"X-Hub-Signature": sign("other", body)}, [SECRET])
+    assert not jira.verify(body, {"X-Hub-Signature": sign("other", body)}, [SECRET])
 
 
 def test_either_of_two_active_secrets_verifies_during_rotation() -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
 
     for secret in ("old", "new"):
-        assert jira.verify_signature(body, {"X-Hub-Signature": sign(secret, body)}, ["new", "old"])
-    assert not jira.verify_signature(body, {"X-Hub-Signature": sign("old", body)}, ["new"])
+        assert jira.verify(body, {"X-Hub-Signature": sign(secret, body)}, ["new", "old"])
+    assert not jira.verify(body, {"X-Hub-Signature": sign("old", body)}, ["new"])
 
 
 @pytest.mark.parametrize("name", ["x-hub-signature", "X-HUB-SIGNATURE", "X-Hub-signature"])
 def test_the_signature_header_name_matches_in_any_case(name: str) -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
 
-    assert jira.verify_signature(body, {name: sign(SECRET, body)}, [SECRET])
+    assert jira.verify(body, {name: sign(SECRET, body)}, [SECRET])
 
 
 def test_only_x_hub_signature_is_read() -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
 
-    assert not jira.verify_signature(body, {"X-Hub-Signature-256": sign(SECRET, body)}, [SECRET])
+    assert not jira.verify(body, {"X-Hub-Signature-256": sign(SECRET, body)}, [SECRET])
 
 
 def test_a_bare_hex_digest_without_the_sha256_prefix_does_not_verify() -> None:
     body = fixture_bytes(RAW_BODY_FIXTURE)
     digest = sign(SECRET, body).removeprefix("sha256=")
 
-    assert not jira.verify_signature(body, {"X-Hub-Signature": digest}, [SECRET])
+    assert not jira.verify(body, {"X-Hub-Signature": digest}, [SECRET])
 
 
 # --- delivery id -------------------------------------------------------------

@@ -1,24 +1,24 @@
-"""What every provider adapter produces, and the pieces they share.
+"""What every provider produces, and the pieces the providers share.
 
-An adapter (``ingest.github``, ``ingest.jira``) turns one webhook delivery into
-a :class:`TaskDraft`: provider-neutral, I/O-free, and ready to become a
-:class:`models.tasks.NewTask`. The helpers here are the parts both providers
-do the same way -- HMAC-SHA256 signatures in ``sha256=<hex>`` form, header
-lookup without regard to case, strict JSON bodies -- and the errors an
-adapter raises for a body it cannot use.
+A provider (``models.providers.github``, ``.jira``, ``.gitlab``) turns one
+webhook delivery into a :class:`TaskDraft`: provider-neutral, I/O-free, and
+ready to become a :class:`models.tasks.NewTask`. The helpers here are the
+parts every provider does the same way -- header lookup without regard to
+case, strict JSON bodies, titles and descriptions the task store keeps -- and
+the errors a provider raises for a body it cannot use. Verifying a delivery
+is ``models.providers.signing``'s.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, ValidationError
 
-from ingest.signing import HmacSha256Stream
 from models.tasks import (
     MAX_DESCRIPTION_LENGTH,
     MAX_TITLE_LENGTH,
@@ -37,7 +37,7 @@ _MAX_SHOWN_EVENT = 100
 
 
 class UnsupportedPayload(ValueError):
-    """The body is not the JSON object this adapter expects, or cannot become a task.
+    """The body is not the JSON object this provider expects, or cannot become a task.
 
     The message names the event or field at fault and never echoes payload
     values, so it is safe to show the caller.
@@ -90,15 +90,6 @@ def header_text(headers: Mapping[str, str], name: str) -> str | None:
     if value is None:
         return None
     return value.strip() or None
-
-
-def verify_hmac_sha256(body: bytes, header_value: str | None, secrets: Iterable[str]) -> bool:
-    """True when ``header_value`` is exactly ``sha256=`` + the hex HMAC-SHA256 of the
-    raw ``body`` keyed with one of ``secrets`` (:class:`ingest.signing.HmacSha256Stream`,
-    fed the whole body at once)."""
-    signature = HmacSha256Stream(secrets)
-    signature.update(body)
-    return signature.matches(header_value)
 
 
 def media_type(content_type: str | None) -> str | None:
@@ -154,7 +145,7 @@ def unsupported_because_invalid(event: str, error: ValidationError) -> Unsupport
 
 
 def not_handled(event: str) -> UnsupportedPayload:
-    """An :class:`UnsupportedPayload` for an event the adapter does not turn into tasks."""
+    """An :class:`UnsupportedPayload` for an event the provider does not turn into tasks."""
     shown = event if len(event) <= _MAX_SHOWN_EVENT else event[:_MAX_SHOWN_EVENT] + "…"
     return UnsupportedPayload(f"{shown!r} deliveries do not become tasks")
 

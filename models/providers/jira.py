@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ingest.drafts import (
+from models.providers.base import Provider, Verifier
+from models.providers.drafts import (
     TaskDraft,
     UnsupportedContentType,
     UnsupportedPayload,
@@ -39,10 +40,10 @@ from ingest.drafts import (
     not_handled,
     parse_json_object,
     unsupported_because_invalid,
-    verify_hmac_sha256,
 )
+from models.providers.signing import HmacSignature
 
-PROVIDER = "jira"
+NAME = "jira"
 
 SIGNATURE_HEADER = "X-Hub-Signature"
 DELIVERY_HEADER = "X-Atlassian-Webhook-Identifier"
@@ -53,7 +54,7 @@ JSON_CONTENT_TYPE = "application/json"
 
 DEFAULT_CREATE_EVENTS: frozenset[str] = frozenset({"jira:issue_created"})
 
-#: What :func:`to_draft` accepts.
+#: What :meth:`Jira.to_draft` accepts.
 HANDLED_EVENTS: frozenset[str] = DEFAULT_CREATE_EVENTS
 
 #: Known events that are stored but never become tasks.
@@ -132,78 +133,96 @@ class IssueEvent(_Payload):
     issue: Issue
 
 
-def verify_signature(body: bytes, headers: Mapping[str, str], secrets: Iterable[str]) -> bool:
-    """True when ``X-Hub-Signature`` is ``sha256=`` + the HMAC of the raw ``body``
-    with one of ``secrets``."""
-    return verify_hmac_sha256(body, lookup_header(headers, SIGNATURE_HEADER), secrets)
+class Jira(Provider):
+    """Jira (Cloud, Server and Data Center), as :class:`models.providers.Provider`
+    describes a provider."""
 
-
-def delivery_id(headers: Mapping[str, str], body: bytes) -> str:
-    """``X-Atlassian-Webhook-Identifier``, or ``sha256:<hex of body>`` without it.
-
-    The identifier (a decimal number in a string on Cloud) is the same on every
-    retry of a delivery. Jira Server / Data Center and older Cloud webhooks do
-    not send it, and a delivery without an id could not be deduplicated at all.
-    The body hash stands in for it: a redelivery carries the very same bytes,
-    while two different events differ at least in their millisecond
-    ``timestamp``, so equal hashes mean the same delivery. The ``sha256:``
-    prefix keeps these apart from real (numeric) identifiers.
-    """
-    identifier = header_text(headers, DELIVERY_HEADER)
-    if identifier is not None:
-        return identifier
-    return BODY_HASH_PREFIX + hashlib.sha256(body).hexdigest()
-
-
-def decode_body(content_type: str | None, body: bytes) -> dict[str, Any]:
-    """The JSON object of a delivery (Jira sends ``application/json; charset=UTF-8``).
-
-    Raises :class:`UnsupportedContentType` for any other content type and
-    :class:`UnsupportedPayload` for a body that is not a JSON object.
-    """
-    kind = media_type(content_type)
-    if kind != JSON_CONTENT_TYPE:
-        raise UnsupportedContentType(f"Jira deliveries must be {JSON_CONTENT_TYPE}")
-    return parse_json_object(body)
-
-
-def event_of(headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
-    """The body's ``webhookEvent``, e.g. ``jira:issue_created``; None when absent.
-
-    ``headers`` is unused (Jira names the event only in the body); it is accepted
-    so that every adapter has the same shape.
-    """
-    del headers
-    event = payload.get("webhookEvent")
-    if isinstance(event, str) and event.strip():
-        return event.strip()
-    return None
-
-
-def to_draft(event: str, payload: dict[str, Any], *, site: str | None = None) -> TaskDraft:
-    """The task an issue delivery describes, linked as ``<site>/browse/<key>``.
-
-    ``site`` is the Jira base URL from configuration (with its context path,
-    e.g. ``https://jira.example.com/jira``). Without it, the site is what
-    precedes ``/rest/`` in ``issue.self``. Raises :class:`UnsupportedPayload`
-    when ``event`` is not in :data:`HANDLED_EVENTS`, the payload lacks what the
-    draft needs, or no site is given and none can be derived.
-    """
-    if event not in HANDLED_EVENTS:
-        raise not_handled(event)
-    try:
-        issue = IssueEvent.model_validate(payload).issue
-    except ValidationError as error:
-        raise unsupported_because_invalid(event, error) from error
-    base = site.rstrip("/") if site else _site_from_api_url(issue.api_url)
-    return TaskDraft(
-        provider=PROVIDER,
-        title=draft_title(issue.fields.summary, fallback=issue.key),
-        description=issue_description(issue.fields.description),
-        url=f"{base}/browse/{issue.key}",
-        remote_key=issue.key,
-        external_id=f"jira:{issue.key}",
+    name = NAME
+    label = "Jira"
+    delivery_header = DELIVERY_HEADER
+    event_header = None  # Jira names the event only in the body
+    kept_headers = ("x-atlassian-webhook-identifier", "x-atlassian-webhook-retry")
+    default_create_events = DEFAULT_CREATE_EVENTS
+    handled_events = HANDLED_EVENTS
+    ignored_events = IGNORED_EVENTS
+    takes_site = True
+    secret_help = "Jira's webhook secret"
+    setup_help = (
+        "In Jira:     Settings → System → WebHooks → Create a WebHook;",
+        "             send Issue created events.",
     )
+    route_summary = "A Jira delivery, signed with X-Hub-Signature (sha256=...)."
+
+    def verifier(self, headers: Mapping[str, str], secrets: Iterable[str]) -> Verifier:
+        """``X-Hub-Signature``: ``sha256=`` + the HMAC of the raw body under one of ``secrets``."""
+        return HmacSignature(lookup_header(headers, SIGNATURE_HEADER), secrets)
+
+    def delivery_id(self, headers: Mapping[str, str], body: bytes) -> str:
+        """``X-Atlassian-Webhook-Identifier``, or ``sha256:<hex of body>`` without it.
+
+        The identifier (a decimal number in a string on Cloud) is the same on every
+        retry of a delivery. Jira Server / Data Center and older Cloud webhooks do
+        not send it, and a delivery without an id could not be deduplicated at all.
+        The body hash stands in for it: a redelivery carries the very same bytes,
+        while two different events differ at least in their millisecond
+        ``timestamp``, so equal hashes mean the same delivery. The ``sha256:``
+        prefix keeps these apart from real (numeric) identifiers.
+        """
+        identifier = header_text(headers, DELIVERY_HEADER)
+        if identifier is not None:
+            return identifier
+        return BODY_HASH_PREFIX + hashlib.sha256(body).hexdigest()
+
+    def decode_body(self, content_type: str | None, body: bytes) -> dict[str, Any]:
+        """The JSON object of a delivery (Jira sends ``application/json; charset=UTF-8``)."""
+        kind = media_type(content_type)
+        if kind != JSON_CONTENT_TYPE:
+            raise UnsupportedContentType(f"Jira deliveries must be {JSON_CONTENT_TYPE}")
+        return parse_json_object(body)
+
+    def event_of(self, headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
+        """The body's ``webhookEvent``, e.g. ``jira:issue_created``; None when absent."""
+        event = payload.get("webhookEvent")
+        if isinstance(event, str) and event.strip():
+            return event.strip()
+        return None
+
+    def to_draft(
+        self, event: str, payload: dict[str, Any], *, site: str | None = None
+    ) -> TaskDraft:
+        """The task an issue delivery describes, linked as ``<site>/browse/<key>``.
+
+        ``site`` is the Jira base URL from configuration (with its context path,
+        e.g. ``https://jira.example.com/jira``). Without it, the site is what
+        precedes ``/rest/`` in ``issue.self``; a payload from which none can be
+        derived is unsupported.
+        """
+        if event not in HANDLED_EVENTS:
+            raise not_handled(event)
+        try:
+            issue = IssueEvent.model_validate(payload).issue
+        except ValidationError as error:
+            raise unsupported_because_invalid(event, error) from error
+        base = site.rstrip("/") if site else _site_from_api_url(issue.api_url)
+        return TaskDraft(
+            provider=NAME,
+            title=draft_title(issue.fields.summary, fallback=issue.key),
+            description=issue_description(issue.fields.description),
+            url=f"{base}/browse/{issue.key}",
+            remote_key=issue.key,
+            external_id=f"jira:{issue.key}",
+        )
+
+    def sent_at(self, payload: dict[str, Any]) -> float | None:
+        """The body's ``timestamp`` (milliseconds since the epoch) as a Unix time;
+        None when it has none a number can be read from."""
+        timestamp = payload.get("timestamp")
+        if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
+            return None
+        return timestamp / 1000
+
+
+JIRA = Jira()
 
 
 def _site_from_api_url(api_url: str | None) -> str:
@@ -259,12 +278,3 @@ def _adf_text(node: object, *, depth: int) -> str:
         return "".join(parts)
     # Block containers (doc, lists, quotes, tables): one child per line.
     return "\n".join(part for part in parts if part)
-
-
-def sent_at(payload: dict[str, Any]) -> float | None:
-    """The body's ``timestamp`` (milliseconds since the epoch) as a Unix time;
-    None when it has none a number can be read from."""
-    timestamp = payload.get("timestamp")
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
-        return None
-    return timestamp / 1000

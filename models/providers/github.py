@@ -26,7 +26,8 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ingest.drafts import (
+from models.providers.base import Provider, Verifier
+from models.providers.drafts import (
     HttpUrlText,
     TaskDraft,
     UnsupportedContentType,
@@ -39,10 +40,10 @@ from ingest.drafts import (
     not_handled,
     parse_json_object,
     unsupported_because_invalid,
-    verify_hmac_sha256,
 )
+from models.providers.signing import HmacSignature
 
-PROVIDER = "github"
+NAME = "github"
 
 #: The SHA-256 signature. GitHub also sends the legacy SHA-1 ``X-Hub-Signature``
 #: "for compatibility"; it is never enough on its own and is never read here.
@@ -58,7 +59,7 @@ _MAX_FORM_FIELDS = 16
 
 DEFAULT_CREATE_EVENTS: frozenset[str] = frozenset({"issues.opened", "pull_request.opened"})
 
-#: What :func:`to_draft` accepts. The ``reopened`` actions carry the same payload
+#: What :meth:`GitHub.to_draft` accepts. The ``reopened`` actions carry the same payload
 #: as ``opened``, so a workspace may opt in to them; the external id is the same
 #: too, so reopening an item that already has a task finds that task.
 HANDLED_EVENTS: frozenset[str] = DEFAULT_CREATE_EVENTS | {
@@ -160,39 +161,84 @@ class PullRequestEvent(_Payload):
     repository: Repository
 
 
-def verify_signature(body: bytes, headers: Mapping[str, str], secrets: Iterable[str]) -> bool:
-    """True when ``X-Hub-Signature-256`` signs the raw ``body`` with one of ``secrets``."""
-    return verify_hmac_sha256(body, lookup_header(headers, SIGNATURE_HEADER), secrets)
+class GitHub(Provider):
+    """GitHub, as :class:`models.providers.Provider` describes a provider."""
 
-
-def delivery_id(headers: Mapping[str, str], body: bytes) -> str | None:
-    """The ``X-GitHub-Delivery`` GUID: the same on a redelivery, so it deduplicates.
-
-    ``body`` is unused; it is accepted so that every adapter has the same shape.
-    """
-    del body
-    return header_text(headers, DELIVERY_HEADER)
-
-
-def hook_id(headers: Mapping[str, str]) -> str | None:
-    """``X-GitHub-Hook-ID``: which configured webhook sent the delivery."""
-    return header_text(headers, HOOK_ID_HEADER)
-
-
-def decode_body(content_type: str | None, body: bytes) -> dict[str, Any]:
-    """The JSON object of a delivery sent as JSON or as GitHub's form encoding.
-
-    Raises :class:`UnsupportedContentType` for any other content type and
-    :class:`UnsupportedPayload` for a body that is not a JSON object.
-    """
-    kind = media_type(content_type)
-    if kind == JSON_CONTENT_TYPE:
-        return parse_json_object(body)
-    if kind == FORM_CONTENT_TYPE:
-        return parse_json_object(_form_payload_field(body))
-    raise UnsupportedContentType(
-        f"GitHub deliveries must be {JSON_CONTENT_TYPE} or {FORM_CONTENT_TYPE}"
+    name = NAME
+    label = "GitHub"
+    delivery_header = DELIVERY_HEADER
+    event_header = EVENT_HEADER
+    kept_headers = (
+        "x-github-event",
+        "x-github-delivery",
+        "x-github-hook-id",
+        "x-github-hook-installation-target-id",
+        "x-github-hook-installation-target-type",
     )
+    default_create_events = DEFAULT_CREATE_EVENTS
+    handled_events = HANDLED_EVENTS
+    ignored_events = IGNORED_EVENTS
+    takes_site = False
+    secret_help = "GitHub's webhook “Secret” field"
+    setup_help = (
+        "In GitHub:   Settings → Webhooks → Add webhook; content type application/json;",
+        "             send the Issues and Pull requests events.",
+    )
+    route_summary = "A GitHub delivery (JSON or form-encoded), signed with X-Hub-Signature-256."
+
+    def verifier(self, headers: Mapping[str, str], secrets: Iterable[str]) -> Verifier:
+        """``X-Hub-Signature-256``: the HMAC-SHA256 of the raw body under one of ``secrets``."""
+        return HmacSignature(lookup_header(headers, SIGNATURE_HEADER), secrets)
+
+    def delivery_id(self, headers: Mapping[str, str], body: bytes) -> str | None:
+        """The ``X-GitHub-Delivery`` GUID: the same on a redelivery, so it deduplicates."""
+        return header_text(headers, DELIVERY_HEADER)
+
+    def hook_id(self, headers: Mapping[str, str]) -> str | None:
+        """``X-GitHub-Hook-ID``: which configured webhook sent the delivery."""
+        return header_text(headers, HOOK_ID_HEADER)
+
+    def decode_body(self, content_type: str | None, body: bytes) -> dict[str, Any]:
+        """The JSON object of a delivery sent as JSON or as GitHub's form encoding."""
+        kind = media_type(content_type)
+        if kind == JSON_CONTENT_TYPE:
+            return parse_json_object(body)
+        if kind == FORM_CONTENT_TYPE:
+            return parse_json_object(_form_payload_field(body))
+        raise UnsupportedContentType(
+            f"GitHub deliveries must be {JSON_CONTENT_TYPE} or {FORM_CONTENT_TYPE}"
+        )
+
+    def event_of(self, headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
+        """``X-GitHub-Event`` plus the body's ``action``: ``issues.opened``, ``ping``; None
+        when the header is missing."""
+        name = header_text(headers, EVENT_HEADER)
+        if name is None:
+            return None
+        action = self.action_of(payload)
+        return f"{name}.{action}" if action else name
+
+    def action_of(self, payload: dict[str, Any]) -> str | None:
+        """The body's ``action`` (``opened``); None for ``ping`` and ``push``."""
+        action = payload.get("action")
+        return action if isinstance(action, str) and action else None
+
+    def to_draft(
+        self, event: str, payload: dict[str, Any], *, site: str | None = None
+    ) -> TaskDraft:
+        """The task an issue or pull request delivery describes (GitHub payloads
+        carry their own URLs, so ``site`` plays no part)."""
+        if event not in HANDLED_EVENTS:
+            raise not_handled(event)
+        try:
+            if event.startswith("issues."):
+                return _issue_draft(IssuesEvent.model_validate(payload))
+            return _pull_request_draft(PullRequestEvent.model_validate(payload))
+        except ValidationError as error:
+            raise unsupported_because_invalid(event, error) from error
+
+
+GITHUB = GitHub()
 
 
 def _form_payload_field(body: bytes) -> str:
@@ -212,42 +258,11 @@ def _form_payload_field(body: bytes) -> str:
     return values[0]
 
 
-def event_of(headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
-    """``X-GitHub-Event`` plus the body's ``action``: ``issues.opened``, ``ping``; None
-    when the header is missing."""
-    name = header_text(headers, EVENT_HEADER)
-    if name is None:
-        return None
-    action = payload.get("action")
-    if isinstance(action, str) and action:
-        return f"{name}.{action}"
-    return name
-
-
-def to_draft(event: str, payload: dict[str, Any], *, site: str | None = None) -> TaskDraft:
-    """The task an issue or pull request delivery describes.
-
-    ``site`` is unused (GitHub payloads carry their own URLs); it is here so
-    every adapter's ``to_draft`` is called the same way.
-
-    Raises :class:`UnsupportedPayload` when ``event`` is not in
-    :data:`HANDLED_EVENTS` or the payload lacks what the draft needs.
-    """
-    if event not in HANDLED_EVENTS:
-        raise not_handled(event)
-    try:
-        if event.startswith("issues."):
-            return _issue_draft(IssuesEvent.model_validate(payload))
-        return _pull_request_draft(PullRequestEvent.model_validate(payload))
-    except ValidationError as error:
-        raise unsupported_because_invalid(event, error) from error
-
-
 def _issue_draft(delivery: IssuesEvent) -> TaskDraft:
     full_name, issue = delivery.repository.full_name, delivery.issue
     remote_key = f"{full_name}#{issue.number}"
     return TaskDraft(
-        provider=PROVIDER,
+        provider=NAME,
         title=draft_title(issue.title, fallback=remote_key),
         description=draft_description(issue.body),
         url=issue.html_url,
@@ -260,17 +275,10 @@ def _pull_request_draft(delivery: PullRequestEvent) -> TaskDraft:
     full_name, pull_request = delivery.repository.full_name, delivery.pull_request
     remote_key = f"{full_name}#{delivery.number}"
     return TaskDraft(
-        provider=PROVIDER,
+        provider=NAME,
         title=draft_title(pull_request.title, fallback=remote_key),
         description=draft_description(pull_request.body),
         url=pull_request.html_url,
         remote_key=remote_key,
         external_id=f"gh-pr/{remote_key}",
     )
-
-
-def sent_at(payload: dict[str, Any]) -> float | None:
-    """When the delivery was sent, as a Unix time; None: GitHub's bodies do
-    not say (a redelivery carries the first delivery's body, unchanged)."""
-    del payload
-    return None

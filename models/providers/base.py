@@ -1,0 +1,120 @@
+"""The provider contract: what the ingress, the worker and the CLI ask of a provider.
+
+Everything provider-specific lives behind :class:`Provider`; nothing outside
+``models/providers/`` names GitHub, Jira or GitLab to decide what to do. A
+provider is one object (``models.providers.github.GITHUB``, ...) registered
+once in ``models.providers.PROVIDERS``.
+
+A provider class subclasses :class:`Provider` explicitly, so it inherits the
+members with a default below (``verify``, ``action_of``, ``hook_id``,
+``sent_at``) and implements only what its provider needs; a type checker
+checks the rest of its signatures against this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from models.providers.drafts import TaskDraft
+
+
+class Verifier(Protocol):
+    """The proof of one delivery's sender, checked while its body streams in."""
+
+    def update(self, chunk: bytes) -> None:
+        """Feed the next chunk of the raw body, as it arrives."""
+        ...
+
+    def matches(self) -> bool:
+        """True when the whole body fed so far is proven to come from a holder
+        of one of the active secrets."""
+        ...
+
+
+class Provider(Protocol):
+    """One webhook provider: how its deliveries are verified, named, read and set up."""
+
+    #: The name in URLs (``/webhooks/<name>/{source}``), sources and metrics.
+    name: str
+    #: The provider's name for people (``GitHub``), in the CLI and the API document.
+    label: str
+    #: The header the delivery id comes from, named in the 400 when it is missing.
+    delivery_header: str
+    #: The header that names the event, or None when the body alone names it.
+    event_header: str | None
+    #: The provider's headers kept with a stored delivery, lower-case, besides
+    #: ``content-type`` and ``user-agent``: never a signature, token or secret.
+    kept_headers: tuple[str, ...]
+    #: The events a new source creates tasks from unless told otherwise.
+    default_create_events: frozenset[str]
+    #: Every event :meth:`to_draft` accepts: what ``--events`` may name.
+    handled_events: frozenset[str]
+    #: Events the provider sends that are known never to become tasks. A
+    #: delivery of an event in neither set is stored as ignored too, but as
+    #: an *unknown* event, counted apart (``models.providers.UNKNOWN_EVENT``).
+    ignored_events: frozenset[str]
+    #: Whether a source takes a site (``--site``): the base URL its links point at.
+    takes_site: bool
+    #: Where a person pastes a generated secret, e.g. "GitHub's webhook “Secret” field".
+    secret_help: str
+    #: How to set the webhook up at the provider, one line each, for the CLI.
+    setup_help: tuple[str, ...]
+    #: How a delivery is authenticated, for the API document.
+    route_summary: str
+
+    def verifier(self, headers: Mapping[str, str], secrets: Iterable[str]) -> Verifier:
+        """A :class:`Verifier` of the delivery these ``headers`` came with,
+        under each of the source's active ``secrets``."""
+        ...
+
+    def delivery_id(self, headers: Mapping[str, str], body: bytes) -> str | None:
+        """The delivery's own id, the same on a redelivery (so it deduplicates);
+        None when the delivery names none."""
+        ...
+
+    def decode_body(self, content_type: str | None, body: bytes) -> dict[str, Any]:
+        """The JSON object of a delivery. Raises
+        :class:`~models.providers.drafts.UnsupportedContentType` for a content
+        type the provider never sends, and
+        :class:`~models.providers.drafts.UnsupportedPayload` for a body that is
+        not a JSON object."""
+        ...
+
+    def event_of(self, headers: Mapping[str, str], payload: dict[str, Any]) -> str | None:
+        """The event's name as sources list it (``issues.opened``); None when
+        the delivery names none."""
+        ...
+
+    def to_draft(
+        self, event: str, payload: dict[str, Any], *, site: str | None = None
+    ) -> TaskDraft:
+        """The task a delivery of a handled ``event`` describes; ``site`` is the
+        source's configured site, if any. Raises
+        :class:`~models.providers.drafts.UnsupportedPayload` for an event not in
+        :attr:`handled_events` or a payload that lacks what the draft needs."""
+        ...
+
+    # --- members with a default ----------------------------------------------------------
+
+    def verify(self, body: bytes, headers: Mapping[str, str], secrets: Iterable[str]) -> bool:
+        """:meth:`verifier` fed the whole ``body`` at once."""
+        verifier = self.verifier(headers, secrets)
+        verifier.update(body)
+        return verifier.matches()
+
+    def action_of(self, payload: dict[str, Any]) -> str | None:
+        """The body's action, kept on the inbox row for people to read; None
+        when the provider's bodies have none."""
+        return None
+
+    def hook_id(self, headers: Mapping[str, str]) -> str | None:
+        """Which configured webhook sent the delivery; None when the provider
+        does not say."""
+        return None
+
+    def sent_at(self, payload: dict[str, Any]) -> float | None:
+        """When the delivery was sent, as a Unix time, if the body says so: the
+        ingress refuses a body older than any retry of its sender
+        (``TASKHOOK_MAX_DELIVERY_AGE_SECONDS``). None when it does not say."""
+        return None
