@@ -70,7 +70,18 @@ def test_the_same_delivery_sent_five_times_is_one_task(
     for _ in range(5):
         send(client, pk)
     wait_until(finished(sessions, pk), timeout=WAIT, what="the delivery", logs=[worker])
-    time.sleep(1.0)  # let the other four messages run too
+    # Every one of the five messages ran (the worker logs each one's answer),
+    # rather than a sleep that hopes so.
+    ran = "succeeded in"
+    wait_until(
+        lambda: (
+            sum(ran in line and f"'delivery': {pk}," in line for line in worker.text().splitlines())
+            == 5
+        ),
+        timeout=WAIT,
+        what="all five messages",
+        logs=[worker],
+    )
 
     assert len(tasks_of(sessions, feed.workspace_id)) == 1
     row = delivery(sessions, pk)
