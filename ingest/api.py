@@ -25,7 +25,7 @@ from ingest.rest import (
     TASK_NOT_CREATED,
     TASK_NOT_FOUND,
     ApiError,
-    Caller,
+    Authenticated,
     Id,
     error_responses,
     in_session,
@@ -97,7 +97,7 @@ def _first_problem(error: ValidationError) -> str:
     },
     summary="Create a task, or return the one that already holds its external_id",
 )
-async def create(request: Request, principal: Caller) -> JSONResponse:
+async def create(request: Request, principal: Authenticated) -> JSONResponse:
     """Create-if-absent: with an ``external_id`` that a task in the workspace
     already holds, nothing is created and that task comes back with
     ``deduplicated: true``. Every answer carries ``deduplicated`` and
@@ -163,7 +163,10 @@ REQUIRED_QUERY_PARAMETERS = {
     summary="Find the task that holds an external_id (read-only)",
 )
 def lookup(
-    request: Request, principal: Caller, workspace_id: Id, external_id: ExternalIdQuery = None
+    request: Request,
+    principal: Authenticated,
+    workspace_id: Id,
+    external_id: ExternalIdQuery = None,
 ) -> JSONResponse:
     """The task holding ``external_id`` -- archived and unsettled ones included --
     with ``creation_complete``. Never creates anything. A caller that wants to
@@ -200,7 +203,7 @@ def lookup(
 )
 def release(
     request: Request,
-    principal: Caller,
+    principal: Authenticated,
     workspace_id: Id,
     external_id: ExternalIdQuery = None,
     reason: Annotated[
@@ -260,7 +263,7 @@ def _task_route(request: Request, work: Callable[[Session], T]) -> T:
 
 
 @router.get("/tasks/{task_id}", response_model=TaskRead, responses=error_responses(404))
-def read_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
+def read_task(request: Request, principal: Authenticated, task_id: Id) -> JSONResponse:
     return JSONResponse(
         _task_route(
             request,
@@ -274,7 +277,7 @@ def read_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
 )
 def read_tasks(
     request: Request,
-    principal: Caller,
+    principal: Authenticated,
     workspace_id: Id,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     after: Annotated[
@@ -310,7 +313,7 @@ def read_tasks(
         }
     },
 )
-async def edit_task(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
+async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> JSONResponse:
     """Change the title or the description. ``external_id`` is not accepted: it
     is set once, at create."""
     body = await _json_object(request)
@@ -336,7 +339,7 @@ async def edit_task(request: Request, principal: Caller, task_id: Id) -> JSONRes
 
 
 @router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=error_responses(404))
-def archive(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
+def archive(request: Request, principal: Authenticated, task_id: Id) -> JSONResponse:
     """Archive the task. It keeps its external_id: a retried create still finds it."""
     return JSONResponse(
         _task_route(
@@ -347,7 +350,7 @@ def archive(request: Request, principal: Caller, task_id: Id) -> JSONResponse:
 
 
 @router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(404))
-def delete(request: Request, principal: Caller, task_id: Id) -> Response:
+def delete(request: Request, principal: Authenticated, task_id: Id) -> Response:
     """Delete the task. Its external_id is free again: a later create makes a new task."""
     _task_route(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
     return Response(status_code=204)

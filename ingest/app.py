@@ -29,7 +29,7 @@ from ingest.limits import BodyLimit, Lifetime, StreamSlots
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
-from ingest.runtime import Runtime, StoreUnavailable, inbox_opened
+from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
 from models.db import make_engine, make_session_factory
 from models.settings import Settings, get_settings
 
@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
         streams = StreamSlots(
             total=settings.max_event_streams, per_token=settings.max_event_streams_per_token
         )
-        app.state.runtime = runtime = Runtime(
+        app.state.runtime = runtime = IngressRuntime(
             settings, make_session_factory(engine), relay, metrics, streams
         )
         relay.start()
@@ -215,7 +215,7 @@ def _add_operational_routes(app: FastAPI) -> None:
     @app.get("/readyz", tags=["operations"])
     async def readyz(request: Request) -> JSONResponse:
         """The database and the broker are reachable."""
-        runtime: Runtime = request.app.state.runtime
+        runtime: IngressRuntime = request.app.state.runtime
         checks = {
             "database": await run_in_threadpool(_database_ready, runtime),
             "broker": await run_in_threadpool(_broker_ready, runtime.settings),
@@ -231,7 +231,7 @@ def _add_operational_routes(app: FastAPI) -> None:
         """Prometheus text: deliveries by provider and result, ingress latency,
         payload mismatches, rejected signatures, relay counters. With
         TASKHOOK_METRICS_TOKEN set, only for ``Authorization: Bearer <token>``."""
-        runtime: Runtime = request.app.state.runtime
+        runtime: IngressRuntime = request.app.state.runtime
         wanted = runtime.settings.metrics_token
         if wanted and not _bearer_is(request.headers.get("authorization"), wanted):
             return JSONResponse(
@@ -250,7 +250,7 @@ def _bearer_is(authorization: str | None, token: str) -> bool:
     )
 
 
-def _database_ready(runtime: Runtime) -> str:
+def _database_ready(runtime: IngressRuntime) -> str:
     try:
         with runtime.store_errors(), runtime.sessions() as session:
             session.execute(text("SELECT 1"))

@@ -29,7 +29,7 @@ from ingest.limits import StreamsFull
 from ingest.rest import (
     MAX_ID,
     ApiError,
-    Caller,
+    Authenticated,
     Id,
     error_responses,
     in_session,
@@ -86,7 +86,7 @@ def event_body(event: TaskEvent) -> dict:
 )
 async def workspace_events(
     request: Request,
-    principal: Caller,
+    principal: Authenticated,
     workspace_id: Id,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="Events after this id.")] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,

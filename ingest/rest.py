@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from ingest.runtime import Runtime
+from ingest.runtime import IngressRuntime
 from ingest.schemas import ErrorBody
 from models.db import session_scope
 from models.tokens import Principal, authenticate
@@ -53,7 +53,7 @@ def current_principal(
 ) -> Principal:
     if credentials is None:
         raise ApiError(401, "missing bearer token")
-    runtime: Runtime = request.app.state.runtime
+    runtime: IngressRuntime = request.app.state.runtime
     with runtime.store_errors(), runtime.sessions() as session:
         principal = authenticate(session=session, token=credentials.credentials)
     if principal is None:
@@ -61,12 +61,12 @@ def current_principal(
     return principal
 
 
-Caller = Annotated[Principal, Depends(current_principal)]
+Authenticated = Annotated[Principal, Depends(current_principal)]
 
 
 def in_session(request: Request, work: Callable[[Session], T]) -> T:
     """Run ``work`` in one unit of work; database failures become a 503."""
-    runtime: Runtime = request.app.state.runtime
+    runtime: IngressRuntime = request.app.state.runtime
     with runtime.store_errors(), session_scope(runtime.sessions) as session:
         return work(session)
 

@@ -50,7 +50,7 @@ class StoreUnavailable(Exception):
 
 
 @dataclass
-class Runtime:
+class IngressRuntime:
     settings: Settings
     sessions: sessionmaker[Session]
     relay: Relay
@@ -236,7 +236,7 @@ async def _record_async(
         return kept_apart_recorded(stored, await cursor.fetchone())
 
 
-def postgres_conninfo(runtime: Runtime) -> str | None:
+def postgres_conninfo(runtime: IngressRuntime) -> str | None:
     """libpq's connection string for the runtime's database, if it is PostgreSQL."""
     url = runtime.sessions.kw["bind"].url
     if url.get_backend_name() != "postgresql":
@@ -245,7 +245,7 @@ def postgres_conninfo(runtime: Runtime) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def inbox_opened(runtime: Runtime) -> AsyncIterator[None]:
+async def inbox_opened(runtime: IngressRuntime) -> AsyncIterator[None]:
     """On PostgreSQL, the event-loop inbox writer for the app's lifespan (its
     connections are closed at shutdown); elsewhere, nothing."""
     conninfo = postgres_conninfo(runtime)

@@ -42,7 +42,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ingest.adapters import NOTHING_READ, read_delivery
-from ingest.runtime import Runtime, StoreUnavailable
+from ingest.runtime import IngressRuntime, StoreUnavailable
 from ingest.schemas import ErrorBody
 from models.inbox import DeliveryStatus, IncomingDelivery
 from models.providers import PROVIDERS, Provider, Verifier, ignored_reason
@@ -81,13 +81,13 @@ class WebhookRoute:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        runtime: Runtime = scope["app"].state.runtime
+        runtime: IngressRuntime = scope["app"].state.runtime
         slug: str = scope["path_params"]["source"]
         name = self.provider.name
         started = time.perf_counter()
         headers: tuple[tuple[bytes, bytes], ...] = ()
         try:
-            status, answer, result = await _take(
+            status, answer, result = await _verify_and_store(
                 runtime, self.provider, self.kept_raw, slug, Headers(scope=scope), receive
             )
         except Refusal as refusal:
@@ -151,8 +151,8 @@ for _provider in PROVIDERS.values():
     _documented(_provider)
 
 
-async def _take(
-    runtime: Runtime,
+async def _verify_and_store(
+    runtime: IngressRuntime,
     provider: Provider,
     kept_raw: tuple[bytes, ...],
     slug: str,

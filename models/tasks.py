@@ -110,7 +110,7 @@ class NewTask:
     created_by_delivery: int | None = None
 
 
-def _nothing(*_args: object) -> None:
+def _no_hook(*_args: object) -> None:
     return None
 
 
@@ -123,8 +123,8 @@ class CreateHooks:
     ``after_insert`` runs after the insert committed, with no transaction open.
     """
 
-    after_lookup: Callable[[], None] = field(default=_nothing)
-    after_insert: Callable[[Task], None] = field(default=_nothing)
+    after_lookup: Callable[[], None] = field(default=_no_hook)
+    after_insert: Callable[[Task], None] = field(default=_no_hook)
 
 
 NO_HOOKS = CreateHooks()

@@ -176,7 +176,7 @@ class Processed:
 
 
 @dataclass(frozen=True)
-class Work:
+class ClaimedDelivery:
     """A claimed delivery and its source, as plain values: the task store rolls
     its session back on some paths, which would expire ORM instances."""
 
@@ -452,7 +452,10 @@ def process_delivery(
         attempt = Attempt(run, lease)
         if fast is not None and claimed.inserted is not None:
             return replace(_settle_fast(attempt, fast, claimed.inserted, hooks), path="fast")
-        return replace(_run(attempt, _load(session, lease), misses), path="general")
+        return replace(
+            _create_on_the_general_path(attempt, _read_claimed(session, lease), misses),
+            path="general",
+        )
     except transient as error:
         session.rollback()
         return _after_transient_error(run, lease, error, retries)
@@ -509,13 +512,13 @@ def _claim(
     return Claimed(lease)
 
 
-def _load(session: Session, lease: Lease) -> Work:
+def _read_claimed(session: Session, lease: Lease) -> ClaimedDelivery:
     delivery, source = session.execute(
         select(Delivery, WebhookSource)
         .join(WebhookSource, WebhookSource.id == Delivery.source_id)
         .where(Delivery.id == lease.delivery_pk)
     ).one()
-    return Work(
+    return ClaimedDelivery(
         delivery_pk=delivery.id,
         event=delivery.event,
         body=delivery.body,
@@ -529,7 +532,9 @@ def _load(session: Session, lease: Lease) -> Work:
     )
 
 
-def _run(attempt: Attempt, work: Work, misses: _LookupMisses) -> Processed:
+def _create_on_the_general_path(
+    attempt: Attempt, work: ClaimedDelivery, misses: _LookupMisses
+) -> Processed:
     """The general path, from a committed lease: read the body, create, record."""
     session, lease = attempt.session, attempt.lease
     # Checked here as well as at the ingress: the source's events may have

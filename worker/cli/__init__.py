@@ -42,7 +42,7 @@ from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
 from worker.cli.demo import demo
 from worker.cli.mcp import mcp
-from worker.cli.runtime import EXIT_NO_ANSWER, Runtime, TaskhookGroup
+from worker.cli.runtime import EXIT_NO_ANSWER, CommandRuntime, TaskhookGroup
 from worker.cli.sources import source
 from worker.cli.start import start
 from worker.cli.tasks import explain, release, task
@@ -72,7 +72,7 @@ def cli(ctx: click.Context) -> None:
     Settings come from TASKHOOK_ environment variables (TASKHOOK_DATABASE_URL,
     TASKHOOK_BROKER_URL, TASKHOOK_PUBLIC_URL). Every command takes --json.
     """
-    runtime = ctx.ensure_object(Runtime)
+    runtime = ctx.ensure_object(CommandRuntime)
     ctx.call_on_close(runtime.close)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from worker.cli.output import emit_json, json_option
-from worker.cli.runtime import Runtime, pass_runtime
+from worker.cli.runtime import CommandRuntime, pass_runtime
 
 
 @click.group()
@@ -16,7 +16,7 @@ def db() -> None:
 @db.command("upgrade")
 @json_option
 @pass_runtime
-def db_upgrade(runtime: Runtime, as_json: bool) -> None:
+def db_upgrade(runtime: CommandRuntime, as_json: bool) -> None:
     """Migrate the configured database to the newest schema (safe to repeat)."""
     # Imported here: Alembic is needed by this command alone.
     from alembic.runtime.migration import MigrationContext

@@ -29,7 +29,7 @@ from worker.cli.output import (
     print_table,
 )
 from worker.cli.params import DATABASE_ID
-from worker.cli.runtime import Runtime, first_line, pass_runtime
+from worker.cli.runtime import CommandRuntime, first_line, pass_runtime
 
 
 def _reason(delivery: DeliverySummary) -> str | None:
@@ -89,7 +89,7 @@ def deliveries() -> None:
 @json_option
 @pass_runtime
 def deliveries_list(
-    runtime: Runtime, status: str | None, limit: int, before: int | None, as_json: bool
+    runtime: CommandRuntime, status: str | None, limit: int, before: int | None, as_json: bool
 ) -> None:
     """Deliveries, newest first."""
     with runtime.session() as session:
@@ -107,7 +107,7 @@ def deliveries_list(
 @click.argument("delivery", type=DATABASE_ID, metavar="ID")
 @json_option
 @pass_runtime
-def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
+def deliveries_show(runtime: CommandRuntime, delivery: int, as_json: bool) -> None:
     """One delivery: state, outcome, error and headers (never a signature)."""
     with runtime.session() as session:
         detail: DeliveryDetail = show_delivery(session=session, delivery_pk=delivery)
@@ -145,7 +145,7 @@ def deliveries_show(runtime: Runtime, delivery: int, as_json: bool) -> None:
 @click.argument("delivery", type=DATABASE_ID, metavar="ID")
 @json_option
 @pass_runtime
-def deliveries_replay(runtime: Runtime, delivery: int, as_json: bool) -> None:
+def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> None:
     """Send a needs_operator or dead delivery ID through the worker again."""
     with runtime.session() as session:
         replay(session=session, delivery_pk=delivery)
@@ -180,7 +180,7 @@ def deliveries_replay(runtime: Runtime, delivery: int, as_json: bool) -> None:
 @click.command("stats")
 @json_option
 @pass_runtime
-def stats(runtime: Runtime, as_json: bool) -> None:
+def stats(runtime: CommandRuntime, as_json: bool) -> None:
     """Deliveries by status, the age of the oldest queued one, and how many
     were ignored as events their provider does not know."""
     with runtime.session() as session:

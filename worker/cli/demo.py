@@ -25,7 +25,7 @@ from models.sources import add_source, verifying_source
 from models.tables import Workspace
 from models.workspaces import create_workspace
 from worker.cli.output import emit_json, json_option
-from worker.cli.runtime import Refused, Runtime, pass_runtime
+from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 from worker.cli.sources import webhook_url
 
 #: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
@@ -50,7 +50,7 @@ def demo() -> None:
 )
 @json_option
 @pass_runtime
-def demo_setup(runtime: Runtime, embedded_only: bool, as_json: bool) -> None:
+def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> None:
     """Create workspace demo with a GitHub and a Jira source, unless any workspace exists."""
     if embedded_only and make_url(runtime.settings.database_url).get_backend_name() != "sqlite":
         if as_json:
@@ -109,7 +109,7 @@ def demo_setup(runtime: Runtime, embedded_only: bool, as_json: bool) -> None:
 @click.option("--source", "slug", default=None, help="Source name [demo-PROVIDER].")
 @json_option
 @pass_runtime
-def demo_send(runtime: Runtime, provider: str, slug: str | None, as_json: bool) -> None:
+def demo_send(runtime: CommandRuntime, provider: str, slug: str | None, as_json: bool) -> None:
     """Sign a real PROVIDER sample with the source's secret and POST it to the ingress.
 
     Each send is a new delivery of the same issue: the first makes a task, the

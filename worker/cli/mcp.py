@@ -7,7 +7,7 @@ import click
 
 from models.db import make_session_factory
 from models.tokens import authenticate
-from worker.cli.runtime import Refused, Runtime, pass_runtime
+from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
 
 @click.command("mcp")
@@ -18,7 +18,7 @@ from worker.cli.runtime import Refused, Runtime, pass_runtime
     help="The API token the agent acts as [env TASKHOOK_MCP_TOKEN].",
 )
 @pass_runtime
-def mcp(runtime: Runtime, token: str) -> None:
+def mcp(runtime: CommandRuntime, token: str) -> None:
     """Serve the create_task tool over stdio (MCP), as the token's principal.
 
     Point an agent's MCP configuration at `taskhook mcp` with TASKHOOK_MCP_TOKEN

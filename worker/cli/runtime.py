@@ -79,7 +79,7 @@ class TaskhookGroup(click.Group):
         except (TaskStoreError, InvalidExternalId) as error:
             raise Refused(str(error)) from None
         except DBAPIError as error:
-            runtime = ctx.find_object(Runtime)
+            runtime = ctx.find_object(CommandRuntime)
             url = runtime.database_url_for_people if runtime else "?"
             raise _database_refusal(error, url) from None
 
@@ -87,7 +87,7 @@ class TaskhookGroup(click.Group):
 # --- per-invocation runtime: settings, engine, sessions -----------------------------
 
 
-class Runtime:
+class CommandRuntime:
     """What a command needs, built on first use: nothing at import, nothing unused."""
 
     def __init__(self) -> None:
@@ -137,4 +137,4 @@ class Runtime:
             self._engine.dispose()
 
 
-pass_runtime = click.make_pass_decorator(Runtime)
+pass_runtime = click.make_pass_decorator(CommandRuntime)

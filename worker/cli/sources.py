@@ -23,7 +23,7 @@ from models.sources import (
 )
 from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import checked_by
-from worker.cli.runtime import Refused, Runtime, pass_runtime
+from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
 
 @click.group()
@@ -87,7 +87,7 @@ def _print_secret_once(secret: str, provider: str) -> None:
 @json_option
 @pass_runtime
 def source_add(
-    runtime: Runtime,
+    runtime: CommandRuntime,
     provider: str,
     workspace_slug: str,
     name: str | None,
@@ -153,7 +153,7 @@ def source_add(
 @source.command("list")
 @json_option
 @pass_runtime
-def source_list(runtime: Runtime, as_json: bool) -> None:
+def source_list(runtime: CommandRuntime, as_json: bool) -> None:
     """Every source and its webhook URL. Secrets are counted, never shown."""
     with runtime.session() as session:
         found = list_source_summaries(session=session)
@@ -181,7 +181,7 @@ def source_list(runtime: Runtime, as_json: bool) -> None:
     )
 
 
-def _set_enabled(runtime: Runtime, name: str, enabled: bool, as_json: bool) -> None:
+def _set_enabled(runtime: CommandRuntime, name: str, enabled: bool, as_json: bool) -> None:
     with runtime.session() as session:
         set_source_enabled(session=session, slug=name, enabled=enabled)
     if as_json:
@@ -199,7 +199,7 @@ def _set_enabled(runtime: Runtime, name: str, enabled: bool, as_json: bool) -> N
 @click.argument("name")
 @json_option
 @pass_runtime
-def source_disable(runtime: Runtime, name: str, as_json: bool) -> None:
+def source_disable(runtime: CommandRuntime, name: str, as_json: bool) -> None:
     """Stop accepting deliveries from source NAME."""
     _set_enabled(runtime, name, False, as_json)
 
@@ -208,7 +208,7 @@ def source_disable(runtime: Runtime, name: str, as_json: bool) -> None:
 @click.argument("name")
 @json_option
 @pass_runtime
-def source_enable(runtime: Runtime, name: str, as_json: bool) -> None:
+def source_enable(runtime: CommandRuntime, name: str, as_json: bool) -> None:
     """Accept deliveries from source NAME again."""
     _set_enabled(runtime, name, True, as_json)
 
@@ -225,7 +225,7 @@ def source_enable(runtime: Runtime, name: str, as_json: bool) -> None:
 @json_option
 @pass_runtime
 def source_rotate_secret(
-    runtime: Runtime, name: str, secret: str | None, finish: bool, as_json: bool
+    runtime: CommandRuntime, name: str, secret: str | None, finish: bool, as_json: bool
 ) -> None:
     """Rotate source NAME's signing secret without rejecting a delivery.
 

@@ -29,7 +29,7 @@ from worker import cli as cli_package
 from worker.cli.deliveries import print_deliveries
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
 from worker.cli.params import checked_by
-from worker.cli.runtime import NoAnswer, Refused, Runtime, first_line, pass_runtime, redacted
+from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
 
@@ -103,7 +103,7 @@ def _task_fields(found: Lineage, view: TaskView) -> list[tuple[str, Any]]:
     ]
 
 
-def _lineage(runtime: Runtime, workspace_slug: str, external_id: str) -> Lineage:
+def _lineage(runtime: CommandRuntime, workspace_slug: str, external_id: str) -> Lineage:
     with runtime.session() as session:
         return lineage(session=session, workspace_slug=workspace_slug, external_id=external_id)
 
@@ -114,7 +114,7 @@ _EXAMPLES = "e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12'"
 
 
 def _lineage_by_either(
-    runtime: Runtime, workspace_slug: str, given: str, *, found_it: Callable[[Lineage], bool]
+    runtime: CommandRuntime, workspace_slug: str, given: str, *, found_it: Callable[[Lineage], bool]
 ) -> Lineage:
     """The lineage of ``given`` as an external id; when that finds nothing and
     ``given`` is a task's identifier (``ACME-12``), the lineage of the external
@@ -164,7 +164,9 @@ def task() -> None:
 @click.argument("external_id")
 @json_option
 @pass_runtime
-def task_lookup(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bool) -> None:
+def task_lookup(
+    runtime: CommandRuntime, workspace_slug: str, external_id: str, as_json: bool
+) -> None:
     """The task holding EXTERNAL_ID (settled or not) and the deliveries that touched it.
 
     EXTERNAL_ID may also be a task identifier (ACME-12) when no task holds it as
@@ -196,7 +198,7 @@ def task_lookup(runtime: Runtime, workspace_slug: str, external_id: str, as_json
 @click.argument("external_id")
 @json_option
 @pass_runtime
-def explain(runtime: Runtime, workspace_slug: str, external_id: str, as_json: bool) -> None:
+def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_json: bool) -> None:
     """The lineage of EXTERNAL_ID, delivery → outcome → task, in time order.
 
     EXTERNAL_ID may also be a task identifier (ACME-12) when nothing holds or
@@ -348,7 +350,7 @@ def _confirmed(question: str, *, err: bool) -> None:
 @json_option
 @pass_runtime
 def release(
-    runtime: Runtime,
+    runtime: CommandRuntime,
     workspace_slug: str,
     external_id: str,
     reason: str,
@@ -414,7 +416,7 @@ def release(
         click.echo(f"Parked delivery {pk} can go through again: taskhook deliveries replay {pk}")
 
 
-def _send_release(runtime: Runtime, args: list[Any], *, within: float) -> Any:
+def _send_release(runtime: CommandRuntime, args: list[Any], *, within: float) -> Any:
     """Send RELEASE_IDENTITY; the pending result, or a refusal when the broker
     is down or does not take the message within ``within`` seconds.
 

@@ -8,7 +8,7 @@ from models.reports import get_workspace, list_workspaces
 from models.tokens import Role, checked_name, issue_token, list_tokens, revoke_token
 from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import DATABASE_ID, checked_by
-from worker.cli.runtime import Runtime, pass_runtime
+from worker.cli.runtime import CommandRuntime, pass_runtime
 
 
 @click.group()
@@ -40,7 +40,7 @@ def token() -> None:
 @json_option
 @pass_runtime
 def token_add(
-    runtime: Runtime, workspace_slugs: tuple[str, ...], role: str, name: str, as_json: bool
+    runtime: CommandRuntime, workspace_slugs: tuple[str, ...], role: str, name: str, as_json: bool
 ) -> None:
     """Make a token and print it once: only its hash is kept."""
     with runtime.session() as session:
@@ -64,7 +64,7 @@ def token_add(
 @token.command("list")
 @json_option
 @pass_runtime
-def token_list(runtime: Runtime, as_json: bool) -> None:
+def token_list(runtime: CommandRuntime, as_json: bool) -> None:
     """Every token, never the token itself."""
     with runtime.session() as session:
         slugs = {w.id: w.slug for w in list_workspaces(session=session)}
@@ -105,7 +105,7 @@ def token_list(runtime: Runtime, as_json: bool) -> None:
 @click.argument("token_id", type=DATABASE_ID)
 @json_option
 @pass_runtime
-def token_revoke(runtime: Runtime, token_id: int, as_json: bool) -> None:
+def token_revoke(runtime: CommandRuntime, token_id: int, as_json: bool) -> None:
     """Revoke token TOKEN_ID: it answers 401 from now on."""
     with runtime.session() as session:
         record = revoke_token(session=session, token_id=token_id)

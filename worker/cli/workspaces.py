@@ -18,7 +18,7 @@ from models.workspaces import (
 )
 from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import checked_by
-from worker.cli.runtime import Refused, Runtime, pass_runtime
+from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
 
 @click.group()
@@ -46,7 +46,7 @@ def workspace() -> None:
 @json_option
 @pass_runtime
 def workspace_add(
-    runtime: Runtime, slug: str, name: str, prefix: str, wip_limit: int | None, as_json: bool
+    runtime: CommandRuntime, slug: str, name: str, prefix: str, wip_limit: int | None, as_json: bool
 ) -> None:
     """Create workspace SLUG with the steps Inbox, In progress, Done."""
     intake, *rest = DEFAULT_STEPS
@@ -77,7 +77,7 @@ def workspace_add(
 @workspace.command("list")
 @json_option
 @pass_runtime
-def workspace_list(runtime: Runtime, as_json: bool) -> None:
+def workspace_list(runtime: CommandRuntime, as_json: bool) -> None:
     """Every workspace, with its task and source counts."""
     with runtime.session() as session:
         found = list_workspaces(session=session)
