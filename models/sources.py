@@ -100,10 +100,6 @@ def get_source(*, session: Session, slug: str) -> WebhookSource:
     return source
 
 
-def list_sources(*, session: Session) -> list[WebhookSource]:
-    return list(session.scalars(select(WebhookSource).order_by(WebhookSource.id)))
-
-
 def verifying_source(*, session: Session, provider: str, slug: str) -> VerifyingSource | None:
     """The enabled source of ``provider`` named ``slug`` with its active secrets, or
     None: an unknown source and a disabled one get the same answer."""
@@ -169,13 +165,3 @@ def retire_older_secrets(*, session: Session, slug: str) -> int:
     ).rowcount
     session.flush()
     return retired
-
-
-def active_secret_count(*, session: Session, source_id: int) -> int:
-    return len(
-        session.scalars(
-            select(SourceSecret.id).where(
-                SourceSecret.source_id == source_id, SourceSecret.retired_at.is_(None)
-            )
-        ).all()
-    )
