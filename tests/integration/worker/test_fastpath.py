@@ -32,7 +32,7 @@ from models.tasks import (
 from tests.conftest import Store
 from tests.e2e.conftest import wait_until
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
-from tests.integration.worker.test_processing import expire_lease, run
+from tests.integration.worker.runs import expire_lease, run
 from worker import processing
 from worker.fastpath import fast_path
 

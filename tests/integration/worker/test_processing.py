@@ -1,9 +1,9 @@
 """process_delivery on SQLite and PostgreSQL, with real fixture bodies.
 
 Each test reads as one sentence about what a stored delivery becomes. A crash
-is simulated by a create hook raising :class:`Crash`, a BaseException the
-worker does not catch -- as a SIGKILL would, it leaves everything committed
-so far in place and nothing after it.
+is simulated by a create hook raising ``Crash`` (tests/integration/worker/runs.py),
+a BaseException the worker does not catch -- as a SIGKILL would, it leaves
+everything committed so far in place and nothing after it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from datetime import timedelta
 
 import pytest
 from sqlalchemy import delete, update
-from sqlalchemy.exc import OperationalError
 
 from models.db import session_scope
-from models.inbox import DeliveryStatus, replay, sweepable
+from models.inbox import DeliveryStatus, sweepable
 from models.providers import PROVIDERS
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
@@ -35,52 +34,16 @@ from tests.integration.worker.feeds import (
     store_fixture,
     tasks_of,
 )
-from worker.processing import Processed, backoff_seconds, next_retry, process_delivery
-from worker.sweeper import sweep
-
-SETTINGS = Settings(
-    task_time_limit_seconds=10,
-    lease_seconds=30,
-    retry_base_seconds=1.0,
-    retry_max_seconds=8.0,
-    unsettled_max_retries=3,
-    database_max_retries=2,
+from tests.integration.worker.runs import (
+    SETTINGS,
+    crashed_create,
+    database_goes_away,
+    expire_lease,
+    replay_delivery,
+    run,
 )
-
-
-class Crash(BaseException):
-    """A simulated process death: nothing catches it."""
-
-
-def run(store: Store, pk: int, **options) -> Processed:
-    options["settings"] = store.worker_settings(options.get("settings", SETTINGS))
-    with session_scope(store.sessions) as session:
-        return process_delivery(session=session, delivery_pk=pk, **options)
-
-
-def crash_after_insert(_task: Task) -> None:
-    raise Crash()
-
-
-def expire_lease(store: Store, pk: int) -> None:
-    with session_scope(store.sessions) as session:
-        session.execute(
-            update(Delivery)
-            .where(Delivery.id == pk)
-            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
-        )
-
-
-def crashed_create(store: Store, feed, name: str = "jira_issue_created__cloud") -> int:
-    """A delivery whose worker died between the task insert and the settle."""
-    pk = store_fixture(store.sessions, feed, "jira", name)
-    with pytest.raises(Crash):
-        run(store, pk, hooks=CreateHooks(after_insert=crash_after_insert))
-    (task,) = tasks_of(store.sessions, feed.workspace_id)
-    assert (task.created_by_delivery, task.external_id_settled_at) == (pk, None)
-    assert delivery(store.sessions, pk).status == "processing"
-    return pk
-
+from worker.processing import Processed, backoff_seconds, next_retry
+from worker.sweeper import sweep
 
 # --- what a delivery becomes -------------------------------------------------------
 
@@ -330,11 +293,6 @@ def delete_over_rest(store: Store, task_id: int) -> None:
         delete_task(session=session, caller=TRUSTED, task_id=task_id)
 
 
-def replay_delivery(store: Store, pk: int) -> None:
-    with session_scope(store.sessions) as session:
-        replay(session=session, delivery_pk=pk)
-
-
 def test_a_task_deleted_after_its_attempt_died_parks_the_delivery_instead_of_a_new_task(
     store: Store,
 ):
@@ -473,10 +431,6 @@ def test_a_kept_draft_naming_a_blank_identity_is_dead_too_the_fast_paths_sql_ref
 
 
 # --- errors ---------------------------------------------------------------------------
-
-
-def database_goes_away() -> None:
-    raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
 
 
 def test_a_database_error_is_retried_then_the_delivery_is_dead_with_the_error(store: Store):

@@ -26,7 +26,7 @@ from tests.integration.worker.feeds import (
     store_fixture,
     tasks_of,
 )
-from tests.integration.worker.test_processing import (
+from tests.integration.worker.runs import (
     SETTINGS,
     crashed_create,
     database_goes_away,

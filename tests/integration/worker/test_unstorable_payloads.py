@@ -29,7 +29,7 @@ from tests.integration.worker.feeds import (
     store_fixture,
     tasks_of,
 )
-from tests.integration.worker.test_processing import replay_delivery, run
+from tests.integration.worker.runs import replay_delivery, run
 
 #: Values GitHub's ``issue.html_url`` could carry that pass as an http(s) URL
 #: but no database stores: PostgreSQL text has no NUL, UTF-8 no lone surrogate.

@@ -1,0 +1,72 @@
+"""How the worker tests run a delivery and bring about its faults: one run,
+a crash between the insert and the settlement, an expired lease, a replay,
+a database that goes away. Shared by the worker's test modules."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
+
+from models.db import session_scope
+from models.inbox import replay
+from models.settings import Settings
+from models.tables import Delivery, Task, utcnow
+from models.tasks import CreateHooks
+from tests.conftest import Store
+from tests.integration.worker.feeds import delivery, store_fixture, tasks_of
+from worker.processing import Processed, process_delivery
+
+SETTINGS = Settings(
+    task_time_limit_seconds=10,
+    lease_seconds=30,
+    retry_base_seconds=1.0,
+    retry_max_seconds=8.0,
+    unsettled_max_retries=3,
+    database_max_retries=2,
+)
+
+
+class Crash(BaseException):
+    """A simulated process death: nothing catches it."""
+
+
+def run(store: Store, pk: int, **options) -> Processed:
+    options["settings"] = store.worker_settings(options.get("settings", SETTINGS))
+    with session_scope(store.sessions) as session:
+        return process_delivery(session=session, delivery_pk=pk, **options)
+
+
+def crash_after_insert(_task: Task) -> None:
+    raise Crash()
+
+
+def expire_lease(store: Store, pk: int) -> None:
+    with session_scope(store.sessions) as session:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == pk)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+
+
+def crashed_create(store: Store, feed, name: str = "jira_issue_created__cloud") -> int:
+    """A delivery whose worker died between the task insert and the settle."""
+    pk = store_fixture(store.sessions, feed, "jira", name)
+    with pytest.raises(Crash):
+        run(store, pk, hooks=CreateHooks(after_insert=crash_after_insert))
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (task.created_by_delivery, task.external_id_settled_at) == (pk, None)
+    assert delivery(store.sessions, pk).status == "processing"
+    return pk
+
+
+def replay_delivery(store: Store, pk: int) -> None:
+    with session_scope(store.sessions) as session:
+        replay(session=session, delivery_pk=pk)
+
+
+def database_goes_away() -> None:
+    raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
