@@ -37,7 +37,7 @@ from models.tables import Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
 from tests.conftest import TRUSTED, Store
-from tests.integration.test_reports import (
+from tests.integration.scenarios import (
     EXTERNAL_ID,
     SECRET,
     Crash,

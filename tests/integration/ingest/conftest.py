@@ -15,6 +15,7 @@ from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
 from models.tables import Delivery
+from models.tokens import issue_token
 from tests.conftest import Store
 from tests.deliveries import fixture, github_headers, gitlab_headers, jira_headers
 
@@ -118,3 +119,62 @@ def wait_until(condition, timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+# --- the REST API: two workspaces, a token of each role for each -------------------
+
+
+@dataclass
+class Api:
+    client: TestClient
+    store: Store
+    acme: int
+    globex: int
+    tokens: dict[str, str]
+
+    def as_(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[who]}"}
+
+    def create(self, who: str = "acme-member", **body):
+        body = {"workspace_id": self.acme, "title": "Fix the login page"} | body
+        return self.client.post("/api/v1/tasks", json=body, headers=self.as_(who))
+
+    def lookup(self, external_id, who: str = "acme-member", workspace: int | None = None):
+        params = {} if external_id is None else {"external_id": external_id}
+        return self.client.get(
+            f"/api/v1/workspaces/{workspace or self.acme}/tasks/by-external-id",
+            params=params,
+            headers=self.as_(who),
+        )
+
+    def release(
+        self, external_id, who="acme-operator", reason="abandoned", workspace=None, expected=None
+    ):
+        params = {"external_id": external_id, "reason": reason, "expected_task_id": expected}
+        return self.client.delete(
+            f"/api/v1/workspaces/{workspace or self.acme}/tasks/by-external-id",
+            params={k: v for k, v in params.items() if v is not None},
+            headers=self.as_(who),
+        )
+
+    def count_tasks(self) -> int:
+        return self.store.scalar("SELECT count(*) FROM tasks")
+
+
+@pytest.fixture
+def api(store: Store) -> Iterator[Api]:
+    acme, globex = store.workspace("acme", "ACME"), store.workspace("globex", "GLX")
+    tokens = {}
+    with session_scope(store.sessions) as session:
+        for name, role, workspace in [
+            ("acme-member", "member", acme.id),
+            ("acme-operator", "operator", acme.id),
+            ("globex-member", "member", globex.id),
+            ("globex-operator", "operator", globex.id),
+        ]:
+            tokens[name] = issue_token(
+                session=session, name=name, role=role, workspace_ids=[workspace]
+            ).token
+    app = create_app(Settings(database_url=store.url), publish=lambda keys: None)
+    with TestClient(app) as client:
+        yield Api(client, store, acme.id, globex.id, tokens)

@@ -9,11 +9,7 @@ import json
 import pytest
 
 from models.tasks import MAX_DESCRIPTION_LENGTH, MAX_TITLE_LENGTH
-from tests.integration.ingest import test_api
-from tests.integration.ingest.test_api import Api
-
-#: The REST tests' fixture: two workspaces, a token of each role for each.
-api = test_api.api
+from tests.integration.ingest.conftest import Api
 
 #: Text no database stores: PostgreSQL text holds no NUL, and a lone surrogate
 #: has no UTF-8 encoding. JSON can carry both as escapes.

@@ -1,0 +1,176 @@
+"""Scenarios of the inbox and the task store, built with the service
+functions the worker and the CLI use: a source, a delivery, a create by a
+delivery (crashed or finished), a parked or settled delivery, a release.
+Shared by the reports' and the CLI's tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.db import session_scope
+from models.inbox import (
+    DeliveryStatus,
+    IncomingDelivery,
+    claim,
+    fence_create,
+    finish,
+    record_delivery,
+)
+from models.reports import lineage
+from models.sources import add_source
+from models.tasks import (
+    CreateHooks,
+    NewTask,
+    SourceLink,
+    create_task,
+    release_external_id,
+)
+from tests.conftest import TRUSTED, Store
+
+SECRET = "never-show-me-7f3a"
+EXTERNAL_ID = "gh-issue/acme/api#12"
+
+
+def a_source(store: Store, workspace_id: int, slug: str = "acme-github") -> int:
+    with session_scope(store.sessions) as session:
+        return add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace_id,
+            slug=slug,
+            secret=SECRET,
+            create_events=["issues.opened"],
+        ).id
+
+
+def a_delivery(
+    store: Store, source_id: int, delivery_id: str, headers: dict[str, str] | None = None
+) -> int:
+    incoming = IncomingDelivery(
+        source_id=source_id,
+        delivery_id=delivery_id,
+        # A body of its own: one body under two delivery ids is a replay.
+        body=b'{"action": "opened", "delivery": "%s"}' % delivery_id.encode(),
+        event="issues.opened",
+        action="opened",
+        headers=headers or {"X-GitHub-Event": "issues", "User-Agent": "GitHub-Hookshot/abc"},
+        content_type="application/json",
+    )
+    with session_scope(store.sessions) as session:
+        return record_delivery(session=session, incoming=incoming).pk
+
+
+class Crash(Exception):
+    """The worker died between the insert and the settlement."""
+
+
+def _crash(_task) -> None:
+    raise Crash()
+
+
+def create_by(
+    store: Store,
+    workspace_id: int,
+    delivery_pk: int,
+    external_id: str = EXTERNAL_ID,
+    *,
+    crash_before_settle: bool = False,
+) -> int:
+    """What process_delivery does for a create event: claim, create, record the outcome.
+
+    With ``crash_before_settle`` the worker dies after inserting the task: the
+    task stays unsettled and the delivery keeps no outcome (its lease runs out).
+    """
+    new = NewTask(
+        title="Login page is blank",
+        external_id=external_id,
+        source=SourceLink("github", "https://github.com/acme/api/issues/12", "acme/api#12"),
+        created_by_delivery=delivery_pk,
+    )
+    with session_scope(store.sessions) as session:
+        lease = claim(session=session, delivery_pk=delivery_pk, lease_seconds=60)
+    with store.sessions() as session:
+        if crash_before_settle:
+            with pytest.raises(Crash):
+                create_task(
+                    session=session,
+                    caller=TRUSTED,
+                    workspace_id=workspace_id,
+                    new=new,
+                    hooks=CreateHooks(after_insert=_crash),
+                    fence=fence_create(lease),
+                )
+            return store.scalar(
+                "SELECT id FROM tasks WHERE created_by_delivery = :pk", pk=delivery_pk
+            )
+        result = create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=workspace_id,
+            new=new,
+            fence=fence_create(lease),
+        )
+        task_id, outcome = result.task.id, result.outcome.value
+    with session_scope(store.sessions) as session:
+        finish(
+            session=session,
+            lease=lease,
+            status=DeliveryStatus.DONE,
+            outcome=outcome,
+            task_id=task_id,
+        )
+    return task_id
+
+
+def settle_as(
+    store: Store,
+    delivery_pk: int,
+    status: DeliveryStatus,
+    *,
+    outcome: str | None = None,
+    task_id: int | None = None,
+    reason: str | None = None,
+    error: str | None = None,
+) -> None:
+    """Take the delivery through the worker's claim and finish it in ``status``."""
+    with session_scope(store.sessions) as session:
+        lease = claim(session=session, delivery_pk=delivery_pk, lease_seconds=60)
+        finish(
+            session=session,
+            lease=lease,
+            status=status,
+            outcome=outcome,
+            task_id=task_id,
+            reason=reason,
+            error=error,
+        )
+
+
+def park(store: Store, delivery_pk: int, task_id: int) -> None:
+    settle_as(
+        store,
+        delivery_pk,
+        DeliveryStatus.NEEDS_OPERATOR,
+        outcome="found_unsettled",
+        task_id=task_id,
+        reason="another delivery's create never finished",
+    )
+
+
+def release(store: Store, workspace_id: int, external_id: str = EXTERNAL_ID) -> int:
+    with session_scope(store.sessions) as session:
+        return release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=external_id,
+            operator="alice",
+            reason="creating worker died",
+        ).id
+
+
+def lineage_of(store: Store, external_id: object = EXTERNAL_ID, workspace: str = "acme"):
+    with store.sessions() as session:
+        return lineage(session=session, workspace_slug=workspace, external_id=external_id)
+
+
+# --- workspaces and sources ---------------------------------------------------------------
