@@ -32,6 +32,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -295,31 +296,40 @@ def _insert_statement(dialect: str):
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     values = {name: bindparam(name, type_=table.c[name].type) for name in _INSERTED_COLUMNS}
     # A replay: the same body from the same source under another id
-    # (ix_deliveries_source_body). Decided in the insert, on what is stored.
+    # (ix_deliveries_source_body). Decided in the insert, on what is stored,
+    # looked up once: an aggregate's one row, which the row's values select
+    # from.
     earlier = (
-        select(func.min(table.c.id))
+        select(func.min(table.c.id).label("id"))
         .where(
             table.c.source_id == values["source_id"],
             table.c.body_sha256 == values["body_sha256"],
             table.c.delivery_id != values["delivery_id"],
         )
-        .scalar_subquery()
+        .subquery("earlier")
     )
+    replayed = earlier.c.id.is_not(None)
     values["status"] = case(
-        (earlier.is_not(None), _constant(DeliveryStatus.REPLAY.value)), else_=values["status"]
+        (replayed, _constant(DeliveryStatus.REPLAY.value)), else_=values["status"]
     )
     values["status_reason"] = case(
         (
-            earlier.is_not(None),
+            replayed,
             _constant("the same body as delivery ")
-            + cast(earlier, String)
+            + cast(earlier.c.id, String)
             + _constant(" under another delivery id: a replay, never processed"),
         ),
         else_=values["status_reason"],
     )
+    row = (
+        select(*(values[name] for name in _INSERTED_COLUMNS))
+        .select_from(earlier)
+        # SQLite parses INSERT ... SELECT ... ON CONFLICT only with a WHERE.
+        .where(true())
+    )
     return (
         insert(table)
-        .values(values)
+        .from_select(list(_INSERTED_COLUMNS), row)
         .on_conflict_do_nothing(index_elements=[table.c.source_id, table.c.delivery_id])
         .returning(table.c.id, table.c.status)
     )
