@@ -113,9 +113,6 @@ class StreamSlots:
 
         return give_back
 
-    def open_streams(self) -> int:
-        return sum(self._open.values())
-
 
 class Lifetime:
     """ASGI middleware: a streamed answer (``GET``, ``text/event-stream``) ends

@@ -14,12 +14,13 @@ from sqlalchemy.orm import Session
 from ingest.runtime import IngressRuntime
 from ingest.schemas import ErrorBody
 from models.db import session_scope
+from models.tables import MAX_ROW_ID
 from models.tokens import Principal, authenticate
 
 T = TypeVar("T")
 
 #: Ids are 32-bit integers in the database; a larger one can name nothing.
-MAX_ID = 2**31 - 1
+MAX_ID = MAX_ROW_ID
 Id = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 TASK_NOT_CREATED = "task not created"

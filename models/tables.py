@@ -35,6 +35,11 @@ NAMING_CONVENTION = {
 #: The one unique index whose violation means "another create holds this identity".
 EXTERNAL_ID_INDEX = "uniq_tasks_external_id"
 
+#: The largest key a table holds: every id is an INTEGER column, 32 bits on
+#: PostgreSQL. A larger number names no row, on either database; passed on, it
+#: would overflow in the driver (SQLite) or be refused by the server.
+MAX_ROW_ID = 2**31 - 1
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)

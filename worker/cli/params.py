@@ -8,20 +8,16 @@ from typing import Any
 
 import click
 
-#: The largest id a taskhook table holds: every key is an INTEGER column,
-#: 32 bits on PostgreSQL. A larger number names no row on either database, and
-#: passed on it would overflow in the driver (SQLite) or be refused by the
-#: server ("integer out of range") instead of being reported as what it is.
-MAX_DATABASE_ID = 2**31 - 1
+from models.tables import MAX_ROW_ID
 
 
 class DatabaseId(click.IntRange):
-    """The id of a row (a delivery, a token): 1 to :data:`MAX_DATABASE_ID`."""
+    """The id of a row (a delivery, a token): 1 to :data:`models.tables.MAX_ROW_ID`."""
 
     name = "id"
 
     def __init__(self) -> None:
-        super().__init__(1, MAX_DATABASE_ID)
+        super().__init__(1, MAX_ROW_ID)
 
 
 #: Every id argument and option of ``taskhook`` takes this type.
