@@ -3,26 +3,47 @@
 A fixture is turned into a template once: its issue number (or Jira issue key)
 is replaced by a sentinel, so delivery ``n`` is the fixture for issue ``n`` --
 a distinct external id per delivery -- at the cost of a ``bytes.join`` and an
-HMAC, cheap enough to do per request in the load generator.
+HMAC, cheap enough to do per request in the load generator. Each delivery is
+dressed in its provider's own headers (``Provider.sample_headers``).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from tests.deliveries import fixture, github_headers, jira_headers
+from models.providers import PROVIDERS
+
+#: The recorded bodies are the test suite's fixtures (tests/fixtures/README.md
+#: says where each comes from). They are read here as files: the benchmarks
+#: import nothing from tests/, and there is no other copy of them.
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
 _SENTINEL = 987654321
 
-#: The fixtures the benchmarks post: real create events, 9.6 KB to 28 KB.
-KINDS = ("github:issues__opened", "github:pull_request__opened", "jira:jira_issue_created__cloud")
+#: The fixtures the benchmarks post (real create events, 9.6 KB to 28 KB), as
+#: ``provider:fixture``, and the event each is a delivery of.
+KINDS = {
+    "github:issues__opened": "issues.opened",
+    "github:pull_request__opened": "pull_request.opened",
+    "jira:jira_issue_created__cloud": "jira:issue_created",
+}
+
+
+def recorded_body(provider: str, name: str) -> bytes:
+    """Fixture ``name`` as recorded, but sent now: a Jira body says when it was
+    sent, and the ingress refuses old ones."""
+    body = (FIXTURES / provider / f"{name}.json").read_bytes()
+    return PROVIDERS[provider].with_sent_at(body, time.time())
 
 
 @dataclass(frozen=True)
 class Template:
     provider: str
     name: str
+    event: str
     parts: tuple[bytes, ...]
 
     def body(self, number: int) -> bytes:
@@ -31,7 +52,7 @@ class Template:
 
 def template(kind: str) -> Template:
     provider, name = kind.split(":")
-    payload = json.loads(fixture(provider, name))
+    payload = json.loads(recorded_body(provider, name))
     if provider == "jira":
         payload["issue"]["key"] = f"BENCH-{_SENTINEL}"
     elif "issue" in payload:
@@ -43,7 +64,7 @@ def template(kind: str) -> Template:
     parts = tuple(text.split(str(_SENTINEL).encode()))
     if len(parts) != 2:
         raise ValueError(f"{kind}: the sentinel must occur once in the body")
-    return Template(provider, name, parts)
+    return Template(provider, name, KINDS[kind], parts)
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,7 @@ class DeliveryFactory:
         secret: str,
         sources: dict[str, str],
         tag: str,
-        kinds: tuple[str, ...] = KINDS,
+        kinds: tuple[str, ...] = tuple(KINDS),
         first_number: int = 1,
     ) -> None:
         self.templates = [template(kind) for kind in kinds]
@@ -73,11 +94,9 @@ class DeliveryFactory:
     def delivery(self, index: int) -> Delivery:
         chosen = self.templates[index % len(self.templates)]
         body = chosen.body(self.first_number + index)
-        delivery_id = f"{self.tag}-{index}"
-        if chosen.provider == "github":
-            headers = github_headers(chosen.name, body, self.secret, delivery=delivery_id)
-        else:
-            headers = jira_headers(body, self.secret, delivery=delivery_id)
+        headers = PROVIDERS[chosen.provider].sample_headers(
+            body, self.secret, event=chosen.event, delivery_id=f"{self.tag}-{index}"
+        )
         return Delivery(
             f"/webhooks/{chosen.provider}/{self.sources[chosen.provider]}", body, headers
         )

@@ -11,7 +11,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -269,29 +269,11 @@ class Sampler(threading.Thread):
 
 
 def ingress(bench: Bench) -> dict[str, Any]:
-    sizes, procs = bench.sizes, bench.processes
-    redis_url = procs.redis()
+    """taskhook's ingress against the tutorial app and a minimal durable one:
+    closed-loop rounds, then open-loop rates, each in an order that rotates."""
+    redis_url = bench.processes.redis()
     with throwaway_database() as database:
-        taskhook.prepare(database)
-        with psycopg.connect(libpq_url(database), autocommit=True) as connection:
-            connection.execute(DURABLE_TABLE)
-        base_env = taskhook.environment(
-            database,
-            redis_url,
-            BENCH_SECRET=taskhook.SECRET,
-            BENCH_BROKER_URL=redis_url,
-            BENCH_DSN=libpq_url(database),
-        )
-        servers = {
-            "tutorial": procs.uvicorn(
-                "tutorial", "bench.baselines:tutorial_app", base_env, factory=True
-            )[1],
-            "minimal durable": procs.uvicorn(
-                "durable", "bench.baselines:durable_app", base_env, factory=True
-            )[1],
-            "taskhook": procs.uvicorn("taskhook", "ingest.app:app", base_env)[1],
-        }
-        names = list(servers)
+        servers = _ingress_servers(bench, database, redis_url)
 
         def reset() -> None:
             _flush(redis_url)
@@ -299,56 +281,92 @@ def ingress(bench: Bench) -> dict[str, Any]:
 
         for name, url in servers.items():  # warm-up: imports, pools, caches
             bench.load(url, tag=_tag(f"warm-{name}"), duration=1.0, concurrency=8)
-        closed: dict[str, list[dict]] = {name: [] for name in names}
-        for round_ in range(sizes.ingress_rounds):
-            for name in names[round_ % 3 :] + names[: round_ % 3]:
-                reset()
-                run = bench.load(
-                    servers[name],
-                    tag=_tag(f"{name}-{round_}"),
-                    duration=sizes.ingress_seconds,
-                    concurrency=sizes.concurrency,
-                )
-                closed[name].append(run)
-                bench.say(f"  closed-loop {name} round {round_}: {_brief(run)}")
-        opened: dict[str, dict[int, dict]] = {name: {} for name in names}
-        for index, rate in enumerate(sizes.open_rates):
-            for name in names[index % 3 :] + names[: index % 3]:
-                reset()
-                run = bench.load(
-                    servers[name],
-                    tag=_tag(f"{name}-open-{rate}"),
-                    mode="open",
-                    rate=rate,
-                    duration=sizes.ingress_seconds,
-                    request_timeout=10,
-                )
-                opened[name][rate] = run
-                bench.say(f"  open-loop {name} at {rate}/s: {_brief(run)}")
+        closed = _closed_loop_rounds(bench, servers, reset)
+        opened = _open_loop_rates(bench, servers, reset)
         reset()
+    return _report_ingress(bench, closed, opened)
 
-    per_round = [
-        {
-            "vs_tutorial": report.ratio(
-                closed["taskhook"][r]["throughput_rps"], closed["tutorial"][r]["throughput_rps"]
-            ),
-            "vs_minimal_durable": report.ratio(
-                closed["taskhook"][r]["throughput_rps"],
-                closed["minimal durable"][r]["throughput_rps"],
-            ),
-        }
-        for r in range(sizes.ingress_rounds)
-    ]
+
+def _ingress_servers(bench: Bench, database: str, redis_url: str) -> dict[str, str]:
+    """The three servers compared, by name, each at its URL."""
+    procs = bench.processes
+    taskhook.prepare(database)
+    with psycopg.connect(libpq_url(database), autocommit=True) as connection:
+        connection.execute(DURABLE_TABLE)
+    base_env = taskhook.environment(
+        database,
+        redis_url,
+        BENCH_SECRET=taskhook.SECRET,
+        BENCH_BROKER_URL=redis_url,
+        BENCH_DSN=libpq_url(database),
+    )
+    return {
+        "tutorial": procs.uvicorn(
+            "tutorial", "bench.baselines:tutorial_app", base_env, factory=True
+        )[1],
+        "minimal durable": procs.uvicorn(
+            "durable", "bench.baselines:durable_app", base_env, factory=True
+        )[1],
+        "taskhook": procs.uvicorn("taskhook", "ingest.app:app", base_env)[1],
+    }
+
+
+def _rotated(names: list[str], by: int) -> list[str]:
+    # Each round starts with the next server, so none always runs first.
+    return names[by % 3 :] + names[: by % 3]
+
+
+def _closed_loop_rounds(
+    bench: Bench, servers: dict[str, str], reset: Callable[[], None]
+) -> dict[str, list[dict]]:
+    """Each server's closed-loop runs, one per round."""
+    sizes, names = bench.sizes, list(servers)
+    closed: dict[str, list[dict]] = {name: [] for name in names}
+    for round_ in range(sizes.ingress_rounds):
+        for name in _rotated(names, round_):
+            reset()
+            run = bench.load(
+                servers[name],
+                tag=_tag(f"{name}-{round_}"),
+                duration=sizes.ingress_seconds,
+                concurrency=sizes.concurrency,
+            )
+            closed[name].append(run)
+            bench.say(f"  closed-loop {name} round {round_}: {_brief(run)}")
+    return closed
+
+
+def _open_loop_rates(
+    bench: Bench, servers: dict[str, str], reset: Callable[[], None]
+) -> dict[str, dict[int, dict]]:
+    """Each server's open-loop run at each of ``open_rates``."""
+    sizes, names = bench.sizes, list(servers)
+    opened: dict[str, dict[int, dict]] = {name: {} for name in names}
+    for index, rate in enumerate(sizes.open_rates):
+        for name in _rotated(names, index):
+            reset()
+            run = bench.load(
+                servers[name],
+                tag=_tag(f"{name}-open-{rate}"),
+                mode="open",
+                rate=rate,
+                duration=sizes.ingress_seconds,
+                request_timeout=10,
+            )
+            opened[name][rate] = run
+            bench.say(f"  open-loop {name} at {rate}/s: {_brief(run)}")
+    return opened
+
+
+def _report_ingress(
+    bench: Bench, closed: dict[str, list[dict]], opened: dict[str, dict[int, dict]]
+) -> dict[str, Any]:
+    """The result and its chart: the ratios per round and their medians, and the goals."""
+    sizes = bench.sizes
+    per_round = _ingress_ratios_per_round(closed, sizes.ingress_rounds)
     vs_tutorial = statistics.median(row["vs_tutorial"] for row in per_round)
     vs_durable = statistics.median(row["vs_minimal_durable"] for row in per_round)
     at_500 = opened["taskhook"].get(500)
-    rows = [_row(f"{name}\nclosed, c={sizes.concurrency}", closed[name]) for name in names]
-    rows += [
-        {**_row(f"{name}\nopen {rate}/s", [run]), "rate": run["throughput_rps"]}
-        for rate in sizes.open_rates
-        for name in names
-        for run in [opened[name][rate]]
-    ]
     result = {
         "closed_loop": {
             name: {
@@ -373,10 +391,40 @@ def ingress(bench: Bench) -> dict[str, Any]:
     }
     return bench.finish(
         result,
-        rows,
+        _ingress_rows(bench.sizes, closed, opened),
         "Ingress: throughput (closed loop) and achieved rate (open loop)",
         rate_label="answers per s",
     )
+
+
+def _ingress_ratios_per_round(closed: dict[str, list[dict]], rounds: int) -> list[dict]:
+    """taskhook's closed-loop throughput over each baseline's, round by round."""
+
+    def rate(name: str, round_: int) -> float:
+        return closed[name][round_]["throughput_rps"]
+
+    return [
+        {
+            "vs_tutorial": report.ratio(rate("taskhook", r), rate("tutorial", r)),
+            "vs_minimal_durable": report.ratio(rate("taskhook", r), rate("minimal durable", r)),
+        }
+        for r in range(rounds)
+    ]
+
+
+def _ingress_rows(
+    sizes: Sizes, closed: dict[str, list[dict]], opened: dict[str, dict[int, dict]]
+) -> list[dict]:
+    """The chart's bars: each server closed-loop, then each rate open-loop."""
+    names = list(closed)
+    rows = [_row(f"{name}\nclosed, c={sizes.concurrency}", closed[name]) for name in names]
+    rows += [
+        {**_row(f"{name}\nopen {rate}/s", [run]), "rate": run["throughput_rps"]}
+        for rate in sizes.open_rates
+        for name in names
+        for run in [opened[name][rate]]
+    ]
+    return rows
 
 
 # --- 2. end to end, and the RSS of its processes -------------------------------------------
@@ -499,145 +547,226 @@ def _worker_shape(keys_per_message: int) -> dict[str, Any]:
 
 
 def end_to_end(bench: Bench) -> dict[str, Any]:
-    sizes, procs = bench.sizes, bench.processes
-    n = sizes.e2e_deliveries
-    redis_url = procs.redis()
-    client = redis.Redis.from_url(redis_url)
+    """taskhook's workers draining deliveries the ingress took, against Celery
+    draining as many no-op tasks, for each worker count in ``e2e_workers``."""
+    sizes = bench.sizes
+    keys_per_message = _relay_keys_per_message(sizes)
+    configs: dict[str, Any] = {}
+    peaks: dict[str, dict] = {}
+    with _end_to_end_rig(bench, keys_per_message) as rig:
+        for workers in sizes.e2e_workers:
+            rounds, round_peaks = [], []
+            for round_ in range(sizes.e2e_rounds):
+                record, peak_rss_mib = rig.one_round(workers, round_)
+                rounds.append(record)
+                round_peaks.append(peak_rss_mib)
+            configs[f"{workers} worker process(es)"] = _summary_of_rounds(rounds)
+            peaks[f"{workers}"] = _peaks_across(round_peaks)
+    return _report_end_to_end(bench, configs, peaks, keys_per_message)
+
+
+def _relay_keys_per_message(sizes: Sizes) -> int:
     # 0: taskhook's default; --set e2e_keys_per_message=1 measures one key per message.
-    keys_per_message = (
-        sizes.e2e_keys_per_message or Settings.model_fields["relay_keys_per_message"].default
+    return sizes.e2e_keys_per_message or Settings.model_fields["relay_keys_per_message"].default
+
+
+@dataclass
+class _EndToEndRig:
+    """What every round of the end-to-end benchmark runs on: one ingress on a
+    throwaway database, a private Redis as the broker, and a connection that
+    watches the inbox."""
+
+    bench: Bench
+    database: str
+    redis_url: str
+    client: redis.Redis
+    env: dict[str, str]
+    ingress_process: Process
+    url: str
+    watcher: psycopg.Connection
+
+    @property
+    def deliveries(self) -> int:
+        return self.bench.sizes.e2e_deliveries
+
+    def one_round(self, workers: int, round_: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """Both drains with ``workers`` processes, and their ratio; with the
+        peak RSS of taskhook's processes meanwhile."""
+        # The order alternates by round, the ratio is taken per round and the
+        # median reported: a burst of load from a neighbour then hits one
+        # round of both rather than one side of the comparison.
+        if round_ % 2 == 0:
+            noop = self.drain_noops(workers)
+            run = self.drain_deliveries(workers)
+        else:
+            run = self.drain_deliveries(workers)
+            noop = self.drain_noops(workers)
+        ratio = report.ratio(run["drain"]["rate_per_s"], noop["rate_per_s"])
+        self.bench.say(f"  round {round_}, {workers} process(es): {ratio}x no-op")
+        record = {
+            "noop_drain": noop,
+            "taskhook_drain": run["drain"],
+            "ratio": ratio,
+            "ingress_post": run["ingress_post"],
+            "counts": run["counts"],
+            "exact": run["exact"],
+        }
+        return record, run["peak_rss_mib"]
+
+    def drain_noops(self, workers: int) -> dict:
+        """The baseline: Celery draining n no-op tasks with taskhook's settings."""
+        n = self.deliveries
+        _flush(self.redis_url)
+        _enqueue_noops(self.redis_url, n)
+        noop_workers = _Starter(
+            self.bench.processes, f"noop-p{workers}", "bench.noop", self.env, workers
+        )
+        noop = _drain(noop_workers, n, n, self.redis_url, self.noop_done)
+        noop_workers.stop()
+        self.bench.say(
+            f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s;"
+            f" CPU ms per task {noop['cpu_ms_per_delivery']}"
+        )
+        return noop
+
+    def drain_deliveries(self, workers: int) -> dict:
+        """taskhook: n deliveries through the ingress (no worker yet), then the drain."""
+        n = self.deliveries
+        _flush(self.redis_url)
+        taskhook.reset(self.database)
+        posted = self.post_deliveries(workers)
+        messages = _queue_length(self.client)
+        sampler = Sampler({"ingress": self.ingress_process})
+        sampler.start()
+        taskhook_workers = _Starter(
+            self.bench.processes,
+            f"taskhook-p{workers}",
+            "worker",
+            self.env,
+            workers,
+            sampler=sampler,
+        )
+        drained = _drain(taskhook_workers, n, messages, self.redis_url, self.all_done)
+        sampler.stop()
+        counts = taskhook.outcome_counts(self.database)
+        taskhook_workers.stop()
+        self.bench.say(
+            f"  taskhook drain, {workers} process(es): {drained['rate_per_s']}/s;"
+            f" {messages} messages; CPU ms per delivery {drained['cpu_ms_per_delivery']};"
+            f" ingress {posted['throughput_rps']}/s"
+        )
+        return {
+            "drain": drained,
+            "peak_rss_mib": sampler.peaks(),
+            "ingress_post": {
+                key: posted[key] for key in ("throughput_rps", "completed", "errors", "latency")
+            },
+            "counts": counts,
+            "exact": _every_delivery_done(counts, n),
+        }
+
+    def post_deliveries(self, workers: int) -> dict:
+        """n deliveries answered by the ingress, and every key published by its relay."""
+        n = self.deliveries
+        posted = self.bench.load(
+            self.url,
+            tag=_tag(f"e2e-{workers}"),
+            requests=n,
+            concurrency=self.bench.sizes.concurrency,
+        )
+        if posted["completed"] != n:
+            raise BenchError(
+                f"the ingress answered {posted['completed']} of {n}: {posted['error_kinds']}"
+            )
+        wait_until(
+            lambda: _relay_published(self.url) >= n,
+            timeout=120,
+            what="the relay to publish every key",
+        )
+        return posted
+
+    def noop_done(self) -> bool:
+        return _queue_length(self.client) == 0 and self.client.hlen("unacked") == 0
+
+    def all_done(self) -> bool:
+        # Counting the inbox costs the database CPU the workers need, so
+        # it is counted only once the broker is empty (the no-ops' test).
+        return self.noop_done() and taskhook.finished_count(self.watcher) >= self.deliveries
+
+
+def _every_delivery_done(counts: dict[str, Any], n: int) -> bool:
+    """Exactly one settled task per delivery, and every inbox row done."""
+    return (
+        counts["tasks"] == n
+        and counts["tasks_settled"] == n
+        and counts["deliveries_by_status"].get("done") == n
     )
-    with throwaway_database() as database:
+
+
+@contextlib.contextmanager
+def _end_to_end_rig(bench: Bench, keys_per_message: int) -> Iterator[_EndToEndRig]:
+    """The ingress started on a throwaway database, its relay putting
+    ``keys_per_message`` keys in each message; all of it gone afterwards."""
+    procs = bench.processes
+    redis_url = procs.redis()
+    with (
+        contextlib.closing(redis.Redis.from_url(redis_url)) as client,
+        throwaway_database() as database,
+    ):
         taskhook.prepare(database)
         env = taskhook.environment(
             database, redis_url, TASKHOOK_RELAY_KEYS_PER_MESSAGE=str(keys_per_message)
         )
         ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
-        watcher = psycopg.connect(libpq_url(database), autocommit=True)
-
-        def noop_done() -> bool:
-            return _queue_length(client) == 0 and client.hlen("unacked") == 0
-
-        def all_done() -> bool:
-            # Counting the inbox costs the database CPU the workers need, so
-            # it is counted only once the broker is empty (the no-ops' test).
-            return noop_done() and taskhook.finished_count(watcher) >= n
-
-        def drain_noops(workers: int) -> dict:
-            """The baseline: Celery draining n no-op tasks with taskhook's settings."""
-            _flush(redis_url)
-            _enqueue_noops(redis_url, n)
-            noop_workers = _Starter(procs, f"noop-p{workers}", "bench.noop", env, workers)
-            noop = _drain(noop_workers, n, n, redis_url, noop_done)
-            noop_workers.stop()
-            bench.say(
-                f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s;"
-                f" CPU ms per task {noop['cpu_ms_per_delivery']}"
+        with psycopg.connect(libpq_url(database), autocommit=True) as watcher:
+            yield _EndToEndRig(
+                bench, database, redis_url, client, env, ingress_process, url, watcher
             )
-            return noop
 
-        def drain_deliveries(workers: int) -> dict:
-            """taskhook: n deliveries through the ingress (no worker yet), then the drain."""
-            _flush(redis_url)
-            taskhook.reset(database)
-            posted = bench.load(
-                url, tag=_tag(f"e2e-{workers}"), requests=n, concurrency=sizes.concurrency
-            )
-            if posted["completed"] != n:
-                raise BenchError(
-                    f"the ingress answered {posted['completed']} of {n}: {posted['error_kinds']}"
+
+def _summary_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One worker count's rounds: the median of each rate, CPU cost and ratio,
+    with every round kept as measured."""
+    return {
+        "noop_drain": {
+            "rate_per_s": report.median([r["noop_drain"]["rate_per_s"] for r in rounds])
+        },
+        "taskhook_drain": {
+            "rate_per_s": report.median([r["taskhook_drain"]["rate_per_s"] for r in rounds]),
+            "messages": report.median([r["taskhook_drain"]["messages"] for r in rounds]),
+        },
+        "cpu_ms_per_delivery": {
+            side: {
+                part: round(
+                    statistics.median(r[key]["cpu_ms_per_delivery"][part] for r in rounds),
+                    3,
                 )
-            wait_until(
-                lambda: _relay_published(url) >= n,
-                timeout=120,
-                what="the relay to publish every key",
-            )
-            messages = _queue_length(client)
-            sampler = Sampler({"ingress": ingress_process})
-            sampler.start()
-            taskhook_workers = _Starter(
-                procs, f"taskhook-p{workers}", "worker", env, workers, sampler=sampler
-            )
-            drained = _drain(taskhook_workers, n, messages, redis_url, all_done)
-            sampler.stop()
-            counts = taskhook.outcome_counts(database)
-            taskhook_workers.stop()
-            bench.say(
-                f"  taskhook drain, {workers} process(es): {drained['rate_per_s']}/s;"
-                f" {messages} messages; CPU ms per delivery {drained['cpu_ms_per_delivery']};"
-                f" ingress {posted['throughput_rps']}/s"
-            )
-            return {
-                "drain": drained,
-                "peak_rss_mib": sampler.peaks(),
-                "ingress_post": {
-                    key: posted[key] for key in ("throughput_rps", "completed", "errors", "latency")
-                },
-                "counts": counts,
-                "exact": counts["tasks"] == n
-                and counts["tasks_settled"] == n
-                and counts["deliveries_by_status"].get("done") == n,
+                for part in ("workers", "postgres", "redis")
             }
+            for side, key in (("noop", "noop_drain"), ("taskhook", "taskhook_drain"))
+        },
+        "ratio_vs_noop": statistics.median(r["ratio"] for r in rounds),
+        "ratios_per_round": [r["ratio"] for r in rounds],
+        "rounds": rounds,
+        "counts": rounds[-1]["counts"],
+        "exact": all(r["exact"] for r in rounds),
+    }
 
-        configs: dict[str, Any] = {}
-        peaks: dict[str, dict] = {}
-        for workers in sizes.e2e_workers:
-            # Rounds, the order alternating, the ratio taken per round and the
-            # median reported: a burst of load from a neighbour then hits one
-            # round of both rather than one side of the comparison.
-            rounds = []
-            for round_ in range(sizes.e2e_rounds):
-                if round_ % 2 == 0:
-                    noop = drain_noops(workers)
-                    run = drain_deliveries(workers)
-                else:
-                    run = drain_deliveries(workers)
-                    noop = drain_noops(workers)
-                ratio = report.ratio(run["drain"]["rate_per_s"], noop["rate_per_s"])
-                bench.say(f"  round {round_}, {workers} process(es): {ratio}x no-op")
-                rounds.append(
-                    {
-                        "noop_drain": noop,
-                        "taskhook_drain": run["drain"],
-                        "ratio": ratio,
-                        "ingress_post": run["ingress_post"],
-                        "counts": run["counts"],
-                        "exact": run["exact"],
-                    }
-                )
-                merged = peaks.setdefault(f"{workers}", {})  # the peak across every round
-                for name, peak in run["peak_rss_mib"].items():
-                    merged[name] = max(merged.get(name, 0.0), peak)
-            median = statistics.median(r["ratio"] for r in rounds)
-            configs[f"{workers} worker process(es)"] = {
-                "noop_drain": {
-                    "rate_per_s": report.median([r["noop_drain"]["rate_per_s"] for r in rounds])
-                },
-                "taskhook_drain": {
-                    "rate_per_s": report.median(
-                        [r["taskhook_drain"]["rate_per_s"] for r in rounds]
-                    ),
-                    "messages": report.median([r["taskhook_drain"]["messages"] for r in rounds]),
-                },
-                "cpu_ms_per_delivery": {
-                    side: {
-                        part: round(
-                            statistics.median(r[key]["cpu_ms_per_delivery"][part] for r in rounds),
-                            3,
-                        )
-                        for part in ("workers", "postgres", "redis")
-                    }
-                    for side, key in (("noop", "noop_drain"), ("taskhook", "taskhook_drain"))
-                },
-                "ratio_vs_noop": median,
-                "ratios_per_round": [r["ratio"] for r in rounds],
-                "rounds": rounds,
-                "counts": rounds[-1]["counts"],
-                "exact": all(r["exact"] for r in rounds),
-            }
-        watcher.close()
-        client.close()
 
+def _peaks_across(round_peaks: list[dict[str, float]]) -> dict[str, float]:
+    """The peak RSS of each process across every round."""
+    merged: dict[str, float] = {}
+    for peaks in round_peaks:
+        for name, peak in peaks.items():
+            merged[name] = max(merged.get(name, 0.0), peak)
+    return merged
+
+
+def _report_end_to_end(
+    bench: Bench, configs: dict[str, Any], peaks: dict[str, dict], keys_per_message: int
+) -> dict[str, Any]:
+    """The result and its chart: each worker count's two drain rates, and the goals."""
+    n = bench.sizes.e2e_deliveries
     rows = []
     for label, config in configs.items():
         rows.append({"label": f"no-op drain\n{label}", "rate": config["noop_drain"]["rate_per_s"]})
@@ -676,68 +805,105 @@ def _relay_published(url: str) -> float:
 
 
 def storm(bench: Bench) -> dict[str, Any]:
-    sizes, procs = bench.sizes, bench.processes
-    n = sizes.storm_deliveries
+    """The duplicate path against the new path, then a storm of every delivery
+    three times over, shuffled, with the workers running."""
+    procs = bench.processes
     redis_url = procs.redis()
     with throwaway_database() as database:
         taskhook.prepare(database)
         env = taskhook.environment(database, redis_url)
         _, url = procs.uvicorn("taskhook", "ingest.app:app", env)
         watcher = psycopg.connect(libpq_url(database), autocommit=True)
+        compare = _duplicate_vs_new_rounds(bench, url, database, redis_url)
+        run = _redelivery_storm(bench, url, database, redis_url, env, watcher)
+        watcher.close()
+    return _report_storm(bench, compare, run)
 
-        # the duplicate path against the new path, side by side, same deliveries
-        compare = []
-        for round_ in range(sizes.storm_rounds):
-            _flush(redis_url)
-            taskhook.reset(database)
-            tag = _tag(f"compare-{round_}")
-            new = bench.load(
-                url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency
-            )
-            again = bench.load(
-                url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency
-            )
-            compare.append(
-                {
-                    "new": new,
-                    "duplicate": again,
-                    "ratio": report.ratio(again["throughput_rps"], new["throughput_rps"]),
-                }
-            )
-            bench.say(f"  new {new['throughput_rps']}/s, duplicate {again['throughput_rps']}/s")
 
-        # the storm: every delivery three times, shuffled, with the workers running
+def _duplicate_vs_new_rounds(bench: Bench, url: str, database: str, redis_url: str) -> list:
+    """Per round: the same deliveries posted new, then again as duplicates."""
+    sizes = bench.sizes
+    compare = []
+    for round_ in range(sizes.storm_rounds):
         _flush(redis_url)
         taskhook.reset(database)
-        published_before = _relay_published(url)
-        workers = procs.celery_worker("taskhook", "worker", env)
-        order = [index for index in range(n) for _ in range(3)]
-        random.Random(6).shuffle(order)
-        started = time.monotonic()
-        posted = bench.load(url, tag=_tag("storm"), order=order, concurrency=64)
-        wait_until(
-            lambda: taskhook.finished_count(watcher) >= n,
-            timeout=1800,
-            what="the storm to settle",
-            every=0.1,
+        tag = _tag(f"compare-{round_}")
+        new = bench.load(url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency)
+        again = bench.load(
+            url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency
         )
-        elapsed = time.monotonic() - started
-        time.sleep(1.0)  # anything a duplicate might still have set off
-        counts = taskhook.outcome_counts(database)
-        published = _relay_published(url) - published_before
-        procs.stop(workers)
-        watcher.close()
+        compare.append(
+            {
+                "new": new,
+                "duplicate": again,
+                "ratio": report.ratio(again["throughput_rps"], new["throughput_rps"]),
+            }
+        )
+        bench.say(f"  new {new['throughput_rps']}/s, duplicate {again['throughput_rps']}/s")
+    return compare
 
-    answers = posted["by_answer"]
-    exact = (
+
+@dataclass(frozen=True)
+class _StormRun:
+    """What the storm posted, how long until every delivery settled, and what it left."""
+
+    posted: dict[str, Any]
+    posts: int
+    elapsed_s: float
+    counts: dict[str, Any]
+    relay_published: float
+
+
+def _redelivery_storm(
+    bench: Bench,
+    url: str,
+    database: str,
+    redis_url: str,
+    env: dict[str, str],
+    watcher: psycopg.Connection,
+) -> _StormRun:
+    """Every delivery three times, shuffled, with a worker running, until all settle."""
+    procs, n = bench.processes, bench.sizes.storm_deliveries
+    _flush(redis_url)
+    taskhook.reset(database)
+    published_before = _relay_published(url)
+    workers = procs.celery_worker("taskhook", "worker", env)
+    order = [index for index in range(n) for _ in range(3)]
+    random.Random(6).shuffle(order)
+    started = time.monotonic()
+    posted = bench.load(url, tag=_tag("storm"), order=order, concurrency=64)
+    wait_until(
+        lambda: taskhook.finished_count(watcher) >= n,
+        timeout=1800,
+        what="the storm to settle",
+        every=0.1,
+    )
+    elapsed = time.monotonic() - started
+    time.sleep(1.0)  # anything a duplicate might still have set off
+    counts = taskhook.outcome_counts(database)
+    published = _relay_published(url) - published_before
+    procs.stop(workers)
+    return _StormRun(posted, len(order), elapsed, counts, published)
+
+
+def _storm_exact(n: int, run: _StormRun) -> bool:
+    """Exactly one task, one create, one claim and one published key per
+    delivery; one ``queued`` answer each, and ``duplicate`` for the rest."""
+    counts, answers = run.counts, run.posted["by_answer"]
+    return (
         counts["tasks"] == n
         and counts["distinct_external_ids"] == n
         and counts["deliveries_by_outcome"].get("created") == n
         and counts["claims_total"] == n
-        and published == n
+        and run.relay_published == n
         and answers.get("queued", {}).get("count") == n
         and answers.get("duplicate", {}).get("count") == 2 * n
     )
+
+
+def _report_storm(bench: Bench, compare: list, run: _StormRun) -> dict[str, Any]:
+    """The result and its chart: both paths' rates, the storm's, and the goals."""
+    n, posted = bench.sizes.storm_deliveries, run.posted
     ratio = statistics.median(entry["ratio"] for entry in compare)
     rows = [
         _row("new deliveries\n(closed loop)", [entry["new"] for entry in compare]),
@@ -747,30 +913,21 @@ def storm(bench: Bench) -> dict[str, Any]:
             "rate": posted["throughput_rps"],
             **{k: posted["latency"][k] for k in ("p50_ms", "p95_ms", "p99_ms")},
         },
-        {"label": "storm: deliveries\nsettled", "rate": round(n / elapsed, 1)},
+        {"label": "storm: deliveries\nsettled", "rate": round(n / run.elapsed_s, 1)},
     ]
+    kept = ("throughput_rps", "completed", "errors", "error_kinds", "latency", "by_answer")
     result = {
         "deliveries": n,
-        "posts": len(order),
+        "posts": run.posts,
         "storm": {
-            "posted": {
-                key: posted[key]
-                for key in (
-                    "throughput_rps",
-                    "completed",
-                    "errors",
-                    "error_kinds",
-                    "latency",
-                    "by_answer",
-                )
-            },
-            "elapsed_to_settled_s": round(elapsed, 3),
-            "relay_published": published,
-            "counts": counts,
+            "posted": {key: posted[key] for key in kept},
+            "elapsed_to_settled_s": round(run.elapsed_s, 3),
+            "relay_published": run.relay_published,
+            "counts": run.counts,
         },
         "duplicate_vs_new": {"rounds": compare, "ratio_median": ratio},
         "goals": {
-            "exactly one task and one create per delivery": exact,
+            "exactly one task and one create per delivery": _storm_exact(n, run),
             "duplicate path >= 1.5x new path": ratio >= 1.5,
         },
     }

@@ -7,8 +7,12 @@ once in ``models.providers.PROVIDERS``.
 
 A provider class subclasses :class:`Provider` explicitly, so it inherits the
 members with a default below (``verify``, ``action_of``, ``hook_id``,
-``sent_at``) and implements only what its provider needs; a type checker
-checks the rest of its signatures against this protocol.
+``sent_at``, ``with_sent_at``) and implements only what its provider needs; a
+type checker checks the rest of its signatures against this protocol.
+
+Besides reading deliveries, a provider knows how to dress one
+(:meth:`Provider.sample_headers`): the demo, the benchmarks and the tests send
+samples built that one way, so each provider's headers are written down once.
 """
 
 from __future__ import annotations
@@ -95,6 +99,27 @@ class Provider(Protocol):
         :attr:`handled_events` or a payload that lacks what the draft needs."""
         ...
 
+    def sample_headers(
+        self,
+        body: bytes,
+        secret: str,
+        *,
+        event: str | None = None,
+        delivery_id: str | None = None,
+    ) -> dict[str, str]:
+        """The headers the provider sends with ``body``, proven with ``secret``
+        (signed, or the token itself): how the demo, the benchmarks and the
+        tests dress a sample delivery. The ingress never calls it.
+
+        ``event`` is the event ``body`` is a delivery of, as :meth:`event_of`
+        names it (``issues.opened``): a provider that names events in a header
+        sends its part there (``issues``; the action is the body's), and one
+        whose body alone names the event ignores it. ``delivery_id`` is what
+        :meth:`delivery_id` reads back; None for a fresh one, shaped like the
+        provider's own.
+        """
+        ...
+
     # --- members with a default ----------------------------------------------------------
 
     def verify(self, body: bytes, headers: Mapping[str, str], secrets: Iterable[str]) -> bool:
@@ -118,3 +143,9 @@ class Provider(Protocol):
         ingress refuses a body older than any retry of its sender
         (``TASKHOOK_MAX_DELIVERY_AGE_SECONDS``). None when it does not say."""
         return None
+
+    def with_sent_at(self, body: bytes, sent_at: float) -> bytes:
+        """A sample ``body`` as if sent at ``sent_at`` (a Unix time), so that
+        :meth:`sent_at` reads it back and the ingress takes a recorded body as
+        fresh; ``body`` as it is when the provider's bodies do not say."""
+        return body

@@ -92,6 +92,15 @@ def header_text(headers: Mapping[str, str], name: str) -> str | None:
     return value.strip() or None
 
 
+def event_header_value(event: str | None, header: str) -> str:
+    """What a provider that names its events in ``header`` sends there for
+    ``event`` (``issues.opened`` → ``issues``): the action after the dot is the
+    body's. For a sample delivery, which must name its event."""
+    if event is None:
+        raise ValueError(f"a sample delivery needs an event to name in {header}")
+    return event.partition(".")[0]
+
+
 def media_type(content_type: str | None) -> str | None:
     """``application/json`` for ``application/json; charset=UTF-8``; None when absent."""
     if content_type is None:

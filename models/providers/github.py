@@ -20,6 +20,7 @@ The event name is ``X-GitHub-Event`` joined to the body's ``action`` with a dot
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -34,6 +35,7 @@ from models.providers.drafts import (
     UnsupportedPayload,
     draft_description,
     draft_title,
+    event_header_value,
     header_text,
     lookup_header,
     media_type,
@@ -41,7 +43,7 @@ from models.providers.drafts import (
     parse_json_object,
     unsupported_because_invalid,
 )
-from models.providers.signing import HmacSignature
+from models.providers.signing import HmacSignature, hmac_sha256_signature
 
 NAME = "github"
 
@@ -56,6 +58,11 @@ JSON_CONTENT_TYPE = "application/json"
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 #: A form body from GitHub carries one field; a few more are tolerated, not thousands.
 _MAX_FORM_FIELDS = 16
+
+#: Who a sample delivery says sent it: GitHub's ``GitHub-Hookshot/<build>`` and a
+#: webhook's numeric id (tests/fixtures/HEADERS.md has real ones).
+SAMPLE_USER_AGENT = "GitHub-Hookshot/abc123"
+SAMPLE_HOOK_ID = "123456"
 
 DEFAULT_CREATE_EVENTS: frozenset[str] = frozenset({"issues.opened", "pull_request.opened"})
 
@@ -236,6 +243,25 @@ class GitHub(Provider):
             return _pull_request_draft(PullRequestEvent.model_validate(payload))
         except ValidationError as error:
             raise unsupported_because_invalid(event, error) from error
+
+    def sample_headers(
+        self,
+        body: bytes,
+        secret: str,
+        *,
+        event: str | None = None,
+        delivery_id: str | None = None,
+    ) -> dict[str, str]:
+        """A JSON delivery's headers, signed in ``X-Hub-Signature-256``; a fresh
+        GUID as the delivery id unless given one."""
+        return {
+            "Content-Type": JSON_CONTENT_TYPE,
+            "User-Agent": SAMPLE_USER_AGENT,
+            EVENT_HEADER: event_header_value(event, EVENT_HEADER),
+            DELIVERY_HEADER: str(uuid.uuid4()) if delivery_id is None else delivery_id,
+            HOOK_ID_HEADER: SAMPLE_HOOK_ID,
+            SIGNATURE_HEADER: hmac_sha256_signature(body, secret),
+        }
 
 
 GITHUB = GitHub()

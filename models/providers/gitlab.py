@@ -25,6 +25,7 @@ The event name is ``X-Gitlab-Event`` joined to the body's
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -37,6 +38,7 @@ from models.providers.drafts import (
     UnsupportedContentType,
     draft_description,
     draft_title,
+    event_header_value,
     header_text,
     lookup_header,
     media_type,
@@ -56,8 +58,16 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 #: The id of the request that triggered the hooks (recursion detection): what
 #: older GitLab versions, which send no Idempotency-Key, offer instead.
 EVENT_UUID_HEADER = "X-Gitlab-Event-UUID"
+#: New for every request, retries included; kept, never read.
+WEBHOOK_UUID_HEADER = "X-Gitlab-Webhook-UUID"
+INSTANCE_HEADER = "X-Gitlab-Instance"
 
 JSON_CONTENT_TYPE = "application/json"
+
+#: What a sample delivery's ``User-Agent`` names (``GitLab/<version>``), and the
+#: instance it says it comes from.
+SAMPLE_VERSION = "18.4.0"
+SAMPLE_INSTANCE = "https://gitlab.example.com"
 
 ISSUE_HOOK, CONFIDENTIAL_ISSUE_HOOK = "Issue Hook", "Confidential Issue Hook"
 MERGE_REQUEST_HOOK = "Merge Request Hook"
@@ -228,6 +238,28 @@ class GitLab(Provider):
             remote_key=remote_key,
             external_id=f"{kind}/{remote_key}",
         )
+
+    def sample_headers(
+        self,
+        body: bytes,
+        secret: str,
+        *,
+        event: str | None = None,
+        delivery_id: str | None = None,
+    ) -> dict[str, str]:
+        """The headers of ``WebHookService#build_headers``: the secret token as
+        it is (the body plays no part), a fresh ``Idempotency-Key`` unless given
+        one, and fresh event and webhook UUIDs, as GitLab makes per request."""
+        return {
+            "Content-Type": JSON_CONTENT_TYPE,
+            "User-Agent": f"GitLab/{SAMPLE_VERSION}",
+            EVENT_HEADER: event_header_value(event, EVENT_HEADER),
+            TOKEN_HEADER: secret,
+            IDEMPOTENCY_HEADER: str(uuid.uuid4()) if delivery_id is None else delivery_id,
+            EVENT_UUID_HEADER: str(uuid.uuid4()),
+            WEBHOOK_UUID_HEADER: str(uuid.uuid4()),
+            INSTANCE_HEADER: SAMPLE_INSTANCE,
+        }
 
 
 GITLAB = GitLab()

@@ -21,6 +21,8 @@ The event name is the body's ``webhookEvent`` (``jira:issue_created``,
 from __future__ import annotations
 
 import hashlib
+import re
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,7 +43,7 @@ from models.providers.drafts import (
     parse_json_object,
     unsupported_because_invalid,
 )
-from models.providers.signing import HmacSignature
+from models.providers.signing import HmacSignature, hmac_sha256_signature
 
 NAME = "jira"
 
@@ -51,6 +53,15 @@ DELIVERY_HEADER = "X-Atlassian-Webhook-Identifier"
 BODY_HASH_PREFIX = "sha256:"
 
 JSON_CONTENT_TYPE = "application/json"
+
+#: How Jira Cloud's webhook client names itself and its body (a sample delivery's).
+SAMPLE_CONTENT_TYPE = "application/json; charset=UTF-8"
+SAMPLE_USER_AGENT = "Atlassian Webhook HTTP Client"
+#: Cloud's identifiers are decimal numbers; a sample's has at most this many digits.
+_SAMPLE_ID_DIGITS = 12
+#: The body's send time. It leads every recorded body, so the first match is it;
+#: rewriting just its digits keeps the rest of the recorded bytes as they were.
+_TIMESTAMP = re.compile(rb'("timestamp":\s*)\d+')
 
 DEFAULT_CREATE_EVENTS: frozenset[str] = frozenset({"jira:issue_created"})
 
@@ -220,6 +231,30 @@ class Jira(Provider):
         if isinstance(timestamp, bool) or not isinstance(timestamp, int | float):
             return None
         return timestamp / 1000
+
+    def sample_headers(
+        self,
+        body: bytes,
+        secret: str,
+        *,
+        event: str | None = None,
+        delivery_id: str | None = None,
+    ) -> dict[str, str]:
+        """Jira Cloud's headers, signed in ``X-Hub-Signature``; a fresh numeric
+        identifier unless given one. ``event`` plays no part: the body names it."""
+        if delivery_id is None:
+            delivery_id = str(uuid.uuid4().int % 10**_SAMPLE_ID_DIGITS)
+        return {
+            "Content-Type": SAMPLE_CONTENT_TYPE,
+            "User-Agent": SAMPLE_USER_AGENT,
+            DELIVERY_HEADER: delivery_id,
+            SIGNATURE_HEADER: hmac_sha256_signature(body, secret),
+        }
+
+    def with_sent_at(self, body: bytes, sent_at: float) -> bytes:
+        """``body`` with its ``timestamp`` (milliseconds) saying ``sent_at``."""
+        milliseconds = round(sent_at * 1000)
+        return _TIMESTAMP.sub(rb"\g<1>%d" % milliseconds, body, count=1)
 
 
 JIRA = Jira()

@@ -95,6 +95,12 @@ class SecretToken:
         return any(matches)
 
 
+def hmac_sha256_signature(body: bytes, secret: str) -> str:
+    """``sha256=`` + the hex HMAC-SHA256 of ``body`` keyed with ``secret``: the
+    signature header GitHub and Jira send (what a sample delivery is signed with)."""
+    return SIGNATURE_PREFIX + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
 def verify_hmac_sha256(body: bytes, header_value: str | None, secrets: Iterable[str]) -> bool:
     """True when ``header_value`` is exactly ``sha256=`` + the hex HMAC-SHA256 of the
     raw ``body`` keyed with one of ``secrets`` (:class:`HmacSha256Stream`, fed the

@@ -4,15 +4,12 @@ runs ``taskhook demo send github`` and watches a task appear."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import secrets
 import shlex
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import click
@@ -31,8 +28,12 @@ from worker.cli.sources import webhook_url
 #: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 #: The providers the demo sends samples of (GitHub and Jira; any other provider's
-#: sources work all the same, the demo just has no sample of theirs).
-SAMPLES = {"github": "issues__opened", "jira": "jira_issue_created__cloud"}
+#: sources work all the same, the demo just has no sample of theirs): the fixture
+#: sent, and the event it is a delivery of.
+SAMPLES = {
+    "github": ("issues__opened", "issues.opened"),
+    "jira": ("jira_issue_created__cloud", "jira:issue_created"),
+}
 DEMO_SOURCES = {"github": "demo-github", "jira": "demo-jira"}
 
 
@@ -121,12 +122,8 @@ def demo_send(runtime: CommandRuntime, provider: str, slug: str | None, as_json:
         workspace = source and session.get(Workspace, source.workspace_id).slug
     if source is None:
         raise Refused(f"no enabled {provider} source named {slug!r} (taskhook source list)")
-    sample = FIXTURES / provider / f"{SAMPLES[provider]}.json"
-    if not sample.exists():
-        raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
-    body = _sent_now(provider, sample.read_bytes())
+    body, headers = _sample_delivery(provider, source.secrets[-1])
     url = webhook_url(runtime.settings, provider, slug)
-    headers = _signed_headers(provider, body, source.secrets[-1])
     request = urllib.request.Request(url, data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -149,14 +146,17 @@ def demo_send(runtime: CommandRuntime, provider: str, slug: str | None, as_json:
         )
 
 
-def _sent_now(provider: str, body: bytes) -> bytes:
-    """The sample as its provider would send it now: a Jira body says when it
-    was sent, and the ingress refuses old ones."""
-    if provider != "jira":
-        return body
-    payload = json.loads(body)
-    payload["timestamp"] = time.time_ns() // 1_000_000
-    return json.dumps(payload).encode()
+def _sample_delivery(provider: str, secret: str) -> tuple[bytes, dict[str, str]]:
+    """The real sample body, as its provider would send it now (a Jira body says
+    when it was sent, and the ingress refuses old ones), in the headers that
+    provider sends, signed with ``secret``."""
+    fixture, event = SAMPLES[provider]
+    sample = FIXTURES / provider / f"{fixture}.json"
+    if not sample.exists():
+        raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
+    sender = PROVIDERS[provider]
+    body = sender.with_sent_at(sample.read_bytes(), time.time())
+    return body, sender.sample_headers(body, secret, event=event)
 
 
 def _external_id_of(provider: str, headers: dict[str, str], body: bytes) -> str:
@@ -165,19 +165,3 @@ def _external_id_of(provider: str, headers: dict[str, str], body: bytes) -> str:
     payload = json.loads(body)
     reading = read_delivery(reader, reader.event_of(headers, payload) or "", payload, None)
     return reading.external_id or "?"
-
-
-def _signed_headers(provider: str, body: bytes, secret: str) -> dict[str, str]:
-    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    if provider == "github":
-        return {
-            "Content-Type": "application/json",
-            "X-GitHub-Event": "issues",
-            "X-GitHub-Delivery": str(uuid.uuid4()),
-            "X-Hub-Signature-256": signature,
-        }
-    return {
-        "Content-Type": "application/json",
-        "X-Atlassian-Webhook-Identifier": str(uuid.uuid4().int % 10**12),
-        "X-Hub-Signature": signature,
-    }
