@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from models.errors import InvalidTask
-from models.external_id import InvalidExternalId, normalize_external_id
+from models.errors import InvalidExternalId, InvalidTask
+from models.external_id import normalize_external_id
 from models.providers import Provider
 from models.providers.drafts import UnsupportedPayload
 from models.tasks import NewTask, validated_new_task
@@ -39,7 +39,7 @@ def read_delivery(
 
     The ingress parses the body anyway; keeping what it read lets the
     PostgreSQL worker create the task without fetching or parsing the body
-    again (worker.fastpath). Whatever it cannot keep as it stands -- no
+    again (models.fastpath). Whatever it cannot keep as it stands -- no
     identity, an invalid title, text no database stores -- it leaves out,
     and the worker reads the body itself and says what is wrong with it.
     """

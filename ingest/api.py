@@ -6,16 +6,18 @@ token (401), then the caller's access to the workspace -- a workspace it may
 not see answers exactly like one that does not exist (404) -- then validation
 (400), then the lookup. A caller without access learns nothing about which
 identities exist there.
+
+No route maps the task store's errors itself: they reach the caller through
+``ingest.rest.domain_error_response``. The create route alone names its own
+words for a hidden workspace ("task not created").
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -23,32 +25,16 @@ from starlette.concurrency import run_in_threadpool
 from ingest.rest import (
     MAX_ID,
     TASK_NOT_CREATED,
-    TASK_NOT_FOUND,
     ApiError,
     Authenticated,
     Id,
     error_responses,
+    hidden_workspace_says,
     in_session,
     require_access,
 )
-from ingest.schemas import (
-    CreatedTask,
-    FoundTask,
-    TaskCreate,
-    TaskPage,
-    TaskPatch,
-    TaskRead,
-    task_body,
-)
-from models.errors import (
-    HolderChanged,
-    InvalidRelease,
-    InvalidTask,
-    TaskNotFound,
-    WipLimitReached,
-    WorkspaceNotAccessible,
-)
-from models.external_id import InvalidExternalId
+from ingest.schemas import CreatedTask, FoundTask, TaskCreate, TaskPage, TaskPatch, TaskRead
+from models.errors import TaskNotFound
 from models.tasks import (
     NewTask,
     archive_task,
@@ -60,8 +46,6 @@ from models.tasks import (
     release_external_id,
     update_task,
 )
-
-T = TypeVar("T")
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=error_responses(400, 401, 503))
 
@@ -89,6 +73,7 @@ def _first_problem(error: ValidationError) -> str:
     "/tasks",
     response_model=CreatedTask,
     responses=error_responses(400, 404, 409),
+    dependencies=[hidden_workspace_says(TASK_NOT_CREATED)],
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -97,7 +82,7 @@ def _first_problem(error: ValidationError) -> str:
     },
     summary="Create a task, or return the one that already holds its external_id",
 )
-async def create(request: Request, principal: Authenticated) -> JSONResponse:
+async def create(request: Request, principal: Authenticated) -> CreatedTask:
     """Create-if-absent: with an ``external_id`` that a task in the workspace
     already holds, nothing is created and that task comes back with
     ``deduplicated: true``. Every answer carries ``deduplicated`` and
@@ -107,13 +92,13 @@ async def create(request: Request, principal: Authenticated) -> JSONResponse:
     if type(workspace_id) is not int:
         raise ApiError(400, "workspace_id: an integer is required")
     # Authorization precedes any external-ID work.
-    require_access(principal, workspace_id, TASK_NOT_CREATED)
+    require_access(principal, workspace_id)
     try:
         fields = TaskCreate.model_validate(body)
     except ValidationError as error:
         raise ApiError(400, _first_problem(error)) from None
 
-    def work(session: Session) -> dict:
+    def work(session: Session) -> CreatedTask:
         result = create_task(
             session=session,
             caller=principal.caller,
@@ -124,22 +109,14 @@ async def create(request: Request, principal: Authenticated) -> JSONResponse:
                 external_id=fields.external_id,
             ),
         )
-        return task_body(
+        return CreatedTask.of(
             result.task,
             deduplicated=result.outcome.deduplicated,
             creation_complete=result.outcome.creation_complete,
         )
 
-    try:
-        return JSONResponse(await run_in_threadpool(in_session, request, work))
-    except WorkspaceNotAccessible:
-        raise ApiError(404, TASK_NOT_CREATED) from None
-    except (InvalidExternalId, InvalidTask) as error:
-        raise ApiError(400, str(error)) from None
-    except WipLimitReached as error:
-        raise ApiError(409, str(error)) from None
-    except TaskNotFound:  # deleted by someone else before this create settled
-        raise ApiError(404, TASK_NOT_FOUND) from None
+    # A TaskNotFound here: someone deleted the task before this create settled.
+    return await run_in_threadpool(in_session, request, work)
 
 
 BY_EXTERNAL_ID = "/workspaces/{workspace_id}/tasks/by-external-id"
@@ -167,13 +144,13 @@ def lookup(
     principal: Authenticated,
     workspace_id: Id,
     external_id: ExternalIdQuery = None,
-) -> JSONResponse:
+) -> FoundTask:
     """The task holding ``external_id`` -- archived and unsettled ones included --
     with ``creation_complete``. Never creates anything. A caller that wants to
     recover after a long absence should look up first and create only on 404."""
-    require_access(principal, workspace_id, TASK_NOT_FOUND)
+    require_access(principal, workspace_id)
 
-    def work(session: Session) -> dict | None:
+    def work(session: Session) -> FoundTask:
         task = find_task_by_external_id(
             session=session,
             caller=principal.caller,
@@ -181,18 +158,10 @@ def lookup(
             external_id=external_id,
         )
         if task is None:
-            return None
-        return task_body(task, creation_complete=task.external_id_settled_at is not None)
+            raise TaskNotFound()
+        return FoundTask.of(task, creation_complete=task.external_id_settled_at is not None)
 
-    try:
-        found = in_session(request, work)
-    except WorkspaceNotAccessible:
-        raise ApiError(404, TASK_NOT_FOUND) from None
-    except InvalidExternalId as error:
-        raise ApiError(400, str(error)) from None
-    if found is None:
-        raise ApiError(404, TASK_NOT_FOUND)
-    return JSONResponse(found)
+    return in_session(request, work)
 
 
 @router.delete(
@@ -225,7 +194,7 @@ def release(
     ``creation_complete: false``. Send ``expected_task_id`` with the holder
     you looked at, so that a task that claimed the identity since is never
     freed by mistake."""
-    require_access(principal, workspace_id, TASK_NOT_FOUND)
+    require_access(principal, workspace_id)
     if not principal.is_operator:
         raise ApiError(403, "releasing an external_id needs an operator token")
 
@@ -239,36 +208,18 @@ def release(
             expected_task_id=expected_task_id,
         )
 
-    try:
-        in_session(request, work)
-    except (InvalidExternalId, InvalidRelease) as error:
-        raise ApiError(400, str(error)) from None
-    except TaskNotFound:
-        raise ApiError(404, TASK_NOT_FOUND) from None
-    except HolderChanged as error:
-        raise ApiError(409, str(error)) from None
+    in_session(request, work)
     return Response(status_code=204)
 
 
 # --- plain task routes ------------------------------------------------------------------
 
 
-def _task_route(request: Request, work: Callable[[Session], T]) -> T:
-    try:
-        return in_session(request, work)
-    except (TaskNotFound, WorkspaceNotAccessible):
-        raise ApiError(404, TASK_NOT_FOUND) from None
-    except InvalidTask as error:
-        raise ApiError(400, str(error)) from None
-
-
 @router.get("/tasks/{task_id}", response_model=TaskRead, responses=error_responses(404))
-def read_task(request: Request, principal: Authenticated, task_id: Id) -> JSONResponse:
-    return JSONResponse(
-        _task_route(
-            request,
-            lambda s: task_body(get_task(session=s, caller=principal.caller, task_id=task_id)),
-        )
+def read_task(request: Request, principal: Authenticated, task_id: Id) -> TaskRead:
+    return in_session(
+        request,
+        lambda s: TaskRead.of(get_task(session=s, caller=principal.caller, task_id=task_id)),
     )
 
 
@@ -283,10 +234,10 @@ def read_tasks(
     after: Annotated[
         int, Query(ge=0, le=MAX_ID, description="Return tasks with ids above this.")
     ] = 0,
-) -> JSONResponse:
-    require_access(principal, workspace_id, TASK_NOT_FOUND)
+) -> TaskPage:
+    require_access(principal, workspace_id)
 
-    def work(session: Session) -> dict:
+    def work(session: Session) -> TaskPage:
         tasks = list_tasks(
             session=session,
             caller=principal.caller,
@@ -294,12 +245,12 @@ def read_tasks(
             limit=limit,
             after=after,
         )
-        return {
-            "tasks": [task_body(task) for task in tasks],
-            "next_after": tasks[-1].id if len(tasks) == limit else None,
-        }
+        return TaskPage(
+            tasks=[TaskRead.of(task) for task in tasks],
+            next_after=tasks[-1].id if len(tasks) == limit else None,
+        )
 
-    return JSONResponse(_task_route(request, work))
+    return in_session(request, work)
 
 
 @router.patch(
@@ -313,7 +264,7 @@ def read_tasks(
         }
     },
 )
-async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> JSONResponse:
+async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> TaskRead:
     """Change the title or the description. ``external_id`` is not accepted: it
     is set once, at create."""
     body = await _json_object(request)
@@ -324,7 +275,7 @@ async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> 
     except ValidationError as error:
         raise ApiError(400, _first_problem(error)) from None
 
-    def work(session: Session) -> dict:
+    def work(session: Session) -> TaskRead:
         task = update_task(
             session=session,
             caller=principal.caller,
@@ -333,24 +284,22 @@ async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> 
             description=patch.description,
             clear_description="description" in body and patch.description is None,
         )
-        return task_body(task)
+        return TaskRead.of(task)
 
-    return JSONResponse(await run_in_threadpool(_task_route, request, work))
+    return await run_in_threadpool(in_session, request, work)
 
 
 @router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=error_responses(404))
-def archive(request: Request, principal: Authenticated, task_id: Id) -> JSONResponse:
+def archive(request: Request, principal: Authenticated, task_id: Id) -> TaskRead:
     """Archive the task. It keeps its external_id: a retried create still finds it."""
-    return JSONResponse(
-        _task_route(
-            request,
-            lambda s: task_body(archive_task(session=s, caller=principal.caller, task_id=task_id)),
-        )
+    return in_session(
+        request,
+        lambda s: TaskRead.of(archive_task(session=s, caller=principal.caller, task_id=task_id)),
     )
 
 
 @router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(404))
 def delete(request: Request, principal: Authenticated, task_id: Id) -> Response:
     """Delete the task. Its external_id is free again: a later create makes a new task."""
-    _task_route(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
+    in_session(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
     return Response(status_code=204)

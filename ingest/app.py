@@ -31,6 +31,7 @@ from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
 from models.db import make_engine, make_session_factory
+from models.errors import TaskStoreError
 from models.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class UnexpectedErrors:
             log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
             if not answered:
                 response = JSONResponse(
-                    {"error": "temporarily unavailable; retry later"},
+                    {"error": rest.UNAVAILABLE},
                     status_code=503,
                     headers={"Retry-After": str(self.retry_after)},
                 )
@@ -175,7 +176,7 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
 
     def unavailable() -> JSONResponse:
         return JSONResponse(
-            {"error": "temporarily unavailable; retry later"},
+            {"error": rest.UNAVAILABLE},
             status_code=503,
             headers={"Retry-After": str(settings.retry_after_seconds)},
         )
@@ -183,6 +184,10 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
     @app.exception_handler(rest.ApiError)
     async def _api_error(request: Request, error: rest.ApiError) -> JSONResponse:
         return rest.api_error_response(error)
+
+    @app.exception_handler(TaskStoreError)
+    async def _domain_error(request: Request, error: TaskStoreError) -> JSONResponse:
+        return rest.domain_error_response(request, error)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:

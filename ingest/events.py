@@ -95,7 +95,7 @@ async def workspace_events(
     ] = 60.0,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> JSONResponse | StreamingResponse:
-    require_access(principal, workspace_id, "task not found")
+    require_access(principal, workspace_id)
     if last_event_id is not None:
         value = last_event_id.strip()
         # Bounded like ?after=: an id the stream could hold, never a huge number.

@@ -17,7 +17,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import anyio
@@ -28,10 +29,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ingest.schemas import task_body
+from ingest.schemas import CreatedTask
 from models.db import session_scope
 from models.errors import TaskNotFound, TaskStoreError, WorkspaceNotAccessible
-from models.external_id import InvalidExternalId
 from models.tables import Workspace
 from models.tasks import NewTask, create_task
 from models.tokens import Principal, authenticate
@@ -122,23 +122,33 @@ def _create(
     workspace_id: int | None,
     new: NewTask,
 ) -> dict[str, Any]:
-    with sessions() as session:
+    # One unit of work; the create sequence commits its own steps inside it
+    # (docs/architecture.md, "Who commits").
+    with session_scope(sessions) as session:
         workspace_id = _effective_workspace(session, principal, workspace_id)
-        try:
+        with tool_errors(workspace_id):
             result = create_task(
                 session=session, caller=principal.caller, workspace_id=workspace_id, new=new
             )
-        except WorkspaceNotAccessible:
-            raise ToolError(f"workspace {workspace_id} not found") from None
-        except TaskNotFound:
-            raise ToolError("the task was deleted before its creation finished") from None
-        except (InvalidExternalId, TaskStoreError) as error:
-            raise ToolError(str(error)) from None
-    return task_body(
+    return CreatedTask.of(
         result.task,
         deduplicated=result.outcome.deduplicated,
         creation_complete=result.outcome.creation_complete,
-    )
+    ).model_dump(mode="json")
+
+
+@contextmanager
+def tool_errors(workspace_id: int) -> Iterator[None]:
+    """The MCP surface's one translation: a domain error becomes the tool
+    error an agent reads, whatever its kind."""
+    try:
+        yield
+    except WorkspaceNotAccessible:
+        raise ToolError(f"workspace {workspace_id} not found") from None
+    except TaskNotFound:  # the tool only creates: someone deleted the task meanwhile
+        raise ToolError("the task was deleted before its creation finished") from None
+    except TaskStoreError as error:
+        raise ToolError(str(error)) from None
 
 
 def _effective_workspace(session: Session, principal: Principal, workspace_id: int | None) -> int:

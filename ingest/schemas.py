@@ -9,6 +9,7 @@ were chosen to avoid.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,8 +69,15 @@ class TaskRead(BaseModel):
     updated_at: datetime
     external_id: str | None = Field(
         default=None,
+        exclude_if=lambda external_id: external_id is None,
         description="The external identity this task holds; omitted when it holds none.",
     )
+
+    @classmethod
+    def of(cls, task: Task, **outcome: bool) -> Self:
+        """``task`` as this read model; ``outcome`` fills a subclass's own
+        fields (``deduplicated``, ``creation_complete``)."""
+        return cls(**{name: getattr(task, name) for name in TaskRead.model_fields}, **outcome)
 
 
 class CreatedTask(TaskRead):
@@ -86,11 +94,3 @@ class TaskPage(BaseModel):
     next_after: int | None = Field(
         description="Pass as ?after= for the next page; null on the last page."
     )
-
-
-def task_body(task: Task, **extra: object) -> dict:
-    """The task DTO as JSON: ``external_id`` omitted when the task holds none."""
-    body = TaskRead.model_validate(task, from_attributes=True).model_dump(mode="json")
-    if body["external_id"] is None:
-        del body["external_id"]
-    return body | extra

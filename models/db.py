@@ -16,6 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.settings import Settings
 
+#: The settings' defaults, for an engine built without settings (a test's).
+_DEFAULTS = Settings.model_construct()
+
 
 def make_engine(url: str, *, settings: Settings | None = None, **options: object) -> Engine:
     """An engine for ``url``, tuned for the dialect it names.
@@ -25,9 +28,9 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     task deletes its source link, as on PostgreSQL). The parent directory of a
     SQLite file is created, so the default ``./var/taskhook.db`` just works.
     ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say) for
-    a server; SQLite takes none of them.
+    a server; SQLite takes none of them. Without ``settings``, the defaults:
+    the environment is read at a process's edge (``models.settings``), not here.
     """
-    settings = settings or Settings()
     parsed = make_url(url)
     # A statement's parameters are a request's values (a title, a description):
     # never in an error message, so never in a log line.
@@ -38,11 +41,12 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
 
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    busy_timeout_ms = (settings or _DEFAULTS).sqlite_busy_timeout_ms
     # The options are a server's (a pool size, PostgreSQL's connection
     # options); a SQLite file takes none of them.
     engine = create_engine(
         url,
-        connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000},
+        connect_args={"timeout": busy_timeout_ms / 1000},
         hide_parameters=options["hide_parameters"],
     )
 
@@ -51,7 +55,7 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout_ms)}")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.close()
 
     return engine
@@ -65,7 +69,12 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 
 @contextmanager
 def session_scope(sessions: sessionmaker[Session]) -> Iterator[Session]:
-    """A unit of work: commits when the block ends normally, rolls back otherwise."""
+    """A unit of work: commits when the block ends normally, rolls back otherwise.
+
+    The create sequence and the worker's run need some writes durable before
+    the next step begins; they commit those in named :func:`transaction`
+    blocks inside the unit of work, and its own commit takes what is left.
+    """
     session = sessions()
     try:
         yield session
@@ -75,3 +84,19 @@ def session_scope(sessions: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+@contextmanager
+def transaction(session: Session, name: str) -> Iterator[Session]:
+    """One of several transactions a sequence needs, each durable before the
+    next begins (the create's insert, then its settlement: docs/contract.md,
+    "The create sequence"). Commits what the session did since its last
+    commit when the block ends normally, rolls it back otherwise; ``name``
+    says which transaction failed, in the error's notes."""
+    try:
+        yield session
+        session.commit()
+    except BaseException as error:
+        session.rollback()
+        error.add_note(f"in the transaction: {name}")
+        raise

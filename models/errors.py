@@ -1,15 +1,54 @@
-"""The task store's domain errors. Each surface maps them to its own answer
-(a status code, a CLI message, a delivery state); none of them is a crash."""
+"""The domain's errors, all of them: one home, one kind each.
+
+Every error is a :class:`TaskStoreError` and declares its :class:`ErrorKind`.
+Each surface maps the kind to its answer once -- REST (a status code,
+``ingest.rest``), MCP (a tool error, ``ingest.mcp``), the CLI (a one-line
+refusal, ``worker.cli.runtime``) -- and none of them is a crash. The worker
+decides a delivery's ending by the class itself (``worker.processing``), so
+the classes stay as fine as its table needs.
+"""
 
 from __future__ import annotations
 
+import enum
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from models.inbox import Lease
+
+
+class ErrorKind(enum.Enum):
+    """What a refusal means to the caller, whatever the surface."""
+
+    #: What the request names does not exist -- or the caller may not see it
+    #: (one answer for both, so a caller learns nothing about other tenants).
+    NOT_FOUND = "not_found"
+    #: The request itself is wrong; sent again unchanged, it fails again.
+    INVALID = "invalid"
+    #: The request is well formed, but the store's current state refuses it:
+    #: a full WIP step, a holder that changed, a delivery not in a replayable
+    #: state, a lease a newer attempt took over.
+    CONFLICT = "conflict"
+    #: The store's own setup is wrong (a workspace without workflow steps):
+    #: not the caller's mistake, and only an operator can fix it.
+    MISCONFIGURED = "misconfigured"
+
 
 class TaskStoreError(Exception):
-    """Base class; ``str(error)`` is safe to show the caller."""
+    """Base class; ``str(error)`` is safe to show the caller.
+
+    Every subclass names its ``kind`` (tests/unit/test_errors.py checks)."""
+
+    kind: ClassVar[ErrorKind]
+
+
+# --- not found -------------------------------------------------------------------------
 
 
 class WorkspaceNotAccessible(TaskStoreError, LookupError):
     """The workspace does not exist, or the caller may not see it (one answer for both)."""
+
+    kind = ErrorKind.NOT_FOUND
 
     def __init__(self, workspace_id: object) -> None:
         super().__init__(f"workspace {workspace_id} not found")
@@ -17,16 +56,91 @@ class WorkspaceNotAccessible(TaskStoreError, LookupError):
 
 
 class TaskNotFound(TaskStoreError, LookupError):
+    kind = ErrorKind.NOT_FOUND
+
     def __init__(self, what: str = "task not found") -> None:
         super().__init__(what)
+
+
+class DeliveryNotFound(TaskStoreError, LookupError):
+    kind = ErrorKind.NOT_FOUND
+
+    def __init__(self, delivery_pk: int) -> None:
+        super().__init__(f"delivery {delivery_pk} not found")
+
+
+class SourceNotFound(TaskStoreError, LookupError):
+    kind = ErrorKind.NOT_FOUND
+
+    def __init__(self, slug: str) -> None:
+        super().__init__(f"no webhook source named {slug!r}")
+
+
+# --- invalid ---------------------------------------------------------------------------
 
 
 class InvalidTask(TaskStoreError, ValueError):
     """Create-time validation failed (a missing title, say)."""
 
+    kind = ErrorKind.INVALID
+
+
+class InvalidRelease(TaskStoreError, ValueError):
+    """A release without an operator or a reason, or with one the audit row
+    cannot keep as given (too long, control characters)."""
+
+    kind = ErrorKind.INVALID
+
+
+class InvalidSource(TaskStoreError, ValueError):
+    kind = ErrorKind.INVALID
+
+
+class InvalidWorkspace(TaskStoreError, ValueError):
+    kind = ErrorKind.INVALID
+
+
+class InvalidToken(TaskStoreError, ValueError):
+    kind = ErrorKind.INVALID
+
+
+class InvalidExternalId(TaskStoreError, ValueError):
+    """The external id is malformed; ``reason`` is safe to show the caller.
+
+    One subclass per rule of ``models.external_id.normalize_external_id``."""
+
+    kind = ErrorKind.INVALID
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ExternalIdHasControlCharacter(InvalidExternalId):
+    def __init__(self, position: int, code_point: int) -> None:
+        super().__init__(
+            f"external_id must not contain control characters "
+            f"(U+{code_point:04X} at position {position})"
+        )
+
+
+class ExternalIdTooLong(InvalidExternalId):
+    def __init__(self, length: int, limit: int) -> None:
+        super().__init__(f"external_id must be at most {limit} bytes of UTF-8 (got {length})")
+
+
+class ExternalIdNotText(InvalidExternalId):
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"external_id must be a string of Unicode text (got {kind})")
+
+
+# --- conflict --------------------------------------------------------------------------
+
 
 class WipLimitReached(TaskStoreError):
     """The workspace's intake step is at its work-in-progress limit."""
+
+    kind = ErrorKind.CONFLICT
 
     def __init__(self, step_name: str, wip_limit: int) -> None:
         super().__init__(f"step {step_name!r} is at its WIP limit of {wip_limit}")
@@ -34,18 +148,11 @@ class WipLimitReached(TaskStoreError):
         self.wip_limit = wip_limit
 
 
-class WorkspaceMisconfigured(TaskStoreError):
-    """The workspace cannot take tasks (it has no workflow steps)."""
-
-
-class InvalidRelease(TaskStoreError, ValueError):
-    """A release without an operator or a reason, or with one the audit row
-    cannot keep as given (too long, control characters)."""
-
-
 class HolderChanged(TaskStoreError):
     """A release named the holder it expected, and another task holds the
     identity now: nothing was released."""
+
+    kind = ErrorKind.CONFLICT
 
     def __init__(self, expected_task_id: int, current_task_id: int, identifier: str) -> None:
         super().__init__(
@@ -55,3 +162,33 @@ class HolderChanged(TaskStoreError):
         self.expected_task_id = expected_task_id
         self.current_task_id = current_task_id
         self.identifier = identifier
+
+
+class NotReplayable(TaskStoreError):
+    """The delivery is in a state a replay cannot start from."""
+
+    kind = ErrorKind.CONFLICT
+
+
+class LeaseTakenOver(TaskStoreError):
+    """A newer attempt claimed the delivery: this attempt may write nothing more.
+
+    Internal to the worker, never shown to anyone; a conflict all the same --
+    the delivery's current state (a newer lease) refuses the write."""
+
+    kind = ErrorKind.CONFLICT
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(
+            f"delivery {lease.delivery_pk}: attempt {lease.attempt} was taken over by a newer one"
+        )
+        self.lease = lease
+
+
+# --- misconfigured ---------------------------------------------------------------------
+
+
+class WorkspaceMisconfigured(TaskStoreError):
+    """The workspace cannot take tasks (it has no workflow steps)."""
+
+    kind = ErrorKind.MISCONFIGURED

@@ -50,12 +50,8 @@ def append_event(
     defaults to now.
     """
     insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    upsert = insert(EventStream).values(workspace_id=task.workspace_id, last_position=1)
     position = session.execute(
-        upsert.on_conflict_do_update(
-            index_elements=[EventStream.workspace_id],
-            set_={"last_position": EventStream.last_position + 1},
-        ).returning(EventStream.last_position)
+        advance_stream(insert(EventStream).values(workspace_id=task.workspace_id, last_position=1))
     ).scalar_one()
     event = TaskEvent(
         workspace_id=task.workspace_id,
@@ -68,6 +64,17 @@ def append_event(
     session.add(event)
     session.flush()
     return event
+
+
+def advance_stream(first_position):
+    """The next position of a workspace's stream: ``first_position`` is the
+    INSERT of the stream row at position 1 (its values, or a SELECT of
+    them), which becomes an increment when the row exists. Returns the
+    position, then the workspace. The row stays locked until commit."""
+    return first_position.on_conflict_do_update(
+        index_elements=[EventStream.workspace_id],
+        set_={"last_position": EventStream.last_position + 1},
+    ).returning(EventStream.last_position, EventStream.workspace_id)
 
 
 def append_created_if_missing(

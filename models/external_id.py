@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from models.errors import ExternalIdHasControlCharacter, ExternalIdNotText, ExternalIdTooLong
+
 MAX_EXTERNAL_ID_BYTES = 255
 
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
@@ -31,38 +33,10 @@ UNICODE_WHITE_SPACE = (
 )
 
 
-class InvalidExternalId(ValueError):
-    """The external id is malformed; ``reason`` is safe to show the caller."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ExternalIdHasControlCharacter(InvalidExternalId):
-    def __init__(self, position: int, code_point: int) -> None:
-        super().__init__(
-            f"external_id must not contain control characters "
-            f"(U+{code_point:04X} at position {position})"
-        )
-
-
-class ExternalIdTooLong(InvalidExternalId):
-    def __init__(self, length: int) -> None:
-        super().__init__(
-            f"external_id must be at most {MAX_EXTERNAL_ID_BYTES} bytes of UTF-8 (got {length})"
-        )
-
-
-class ExternalIdNotText(InvalidExternalId):
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"external_id must be a string of Unicode text (got {kind})")
-
-
 def normalize_external_id(raw: object) -> str | None:
     """The normalized identity for ``raw``, or ``None`` when it is absent.
 
-    Raises an :class:`InvalidExternalId` subclass naming the first rule broken.
+    Raises a :class:`models.errors.InvalidExternalId` subclass naming the first rule broken.
     """
     if raw is None:
         return None
@@ -79,5 +53,5 @@ def normalize_external_id(raw: object) -> str | None:
     except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from a JSON "\\ud800" escape
         raise ExternalIdNotText("text with an unpaired surrogate") from exc
     if length > MAX_EXTERNAL_ID_BYTES:  # step 4
-        raise ExternalIdTooLong(length)
+        raise ExternalIdTooLong(length, MAX_EXTERNAL_ID_BYTES)
     return trimmed

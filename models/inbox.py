@@ -38,8 +38,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from models.errors import TaskStoreError
-from models.tables import Delivery, Task, utcnow
+from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
+from models.tables import Delivery, Task, sql_constant, utcnow
 from models.tasks import InsertFence, NewTask
 
 
@@ -84,25 +84,6 @@ REPLAYABLE = frozenset(
 CREATES_NOTHING = frozenset(
     {DeliveryStatus.IGNORED, DeliveryStatus.REPLAY, DeliveryStatus.MISMATCH}
 )
-
-
-class DeliveryNotFound(TaskStoreError, LookupError):
-    def __init__(self, delivery_pk: int) -> None:
-        super().__init__(f"delivery {delivery_pk} not found")
-
-
-class NotReplayable(TaskStoreError):
-    pass
-
-
-class LeaseTakenOver(TaskStoreError):
-    """A newer attempt claimed the delivery: this attempt may write nothing more."""
-
-    def __init__(self, lease: Lease) -> None:
-        super().__init__(
-            f"delivery {lease.delivery_pk}: attempt {lease.attempt} was taken over by a newer one"
-        )
-        self.lease = lease
 
 
 @dataclass(frozen=True)
@@ -277,13 +258,6 @@ _INSERTED_COLUMNS = (
 )
 
 
-def _constant(text: str):
-    """``text`` written into the statement, not a parameter: the compiled
-    statements (:class:`InboxSQL`) take the row's values, nothing else."""
-    assert "'" not in text
-    return literal_column(f"'{text}'", String)
-
-
 @functools.cache
 def _insert_statement(dialect: str):
     """INSERT ... ON CONFLICT DO NOTHING RETURNING id on the table itself.
@@ -310,14 +284,14 @@ def _insert_statement(dialect: str):
     )
     replayed = earlier.c.id.is_not(None)
     values["status"] = case(
-        (replayed, _constant(DeliveryStatus.REPLAY.value)), else_=values["status"]
+        (replayed, sql_constant(DeliveryStatus.REPLAY.value)), else_=values["status"]
     )
     values["status_reason"] = case(
         (
             replayed,
-            _constant("the same body as delivery ")
+            sql_constant("the same body as delivery ")
             + cast(earlier.c.id, String)
-            + _constant(" under another delivery id: a replay, never processed"),
+            + sql_constant(" under another delivery id: a replay, never processed"),
         ),
         else_=values["status_reason"],
     )
@@ -389,11 +363,12 @@ class Lease:
     retries: int = 0
 
 
-def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease | None:
-    """Take the delivery for processing, or None when it is finished or another
-    worker holds an unexpired lease. Each claim is a new attempt number."""
-    now = utcnow()
-    claimed = session.execute(
+def claim_statement(*, delivery_pk, now, lease_until):
+    """The claim's UPDATE: a ``queued`` row, or a ``processing`` one whose lease
+    ran out, becomes this attempt's until ``lease_until``. The arguments are
+    values or bound parameters: the fast path (``models.fastpath``) builds its
+    claim on this one."""
+    return (
         update(Delivery)
         .where(
             Delivery.id == delivery_pk,
@@ -408,8 +383,19 @@ def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease 
         .values(
             status=DeliveryStatus.PROCESSING.value,
             attempts=Delivery.attempts + 1,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            lease_expires_at=lease_until,
             updated_at=now,
+        )
+    )
+
+
+def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease | None:
+    """Take the delivery for processing, or None when it is finished or another
+    worker holds an unexpired lease. Each claim is a new attempt number."""
+    now = utcnow()
+    claimed = session.execute(
+        claim_statement(
+            delivery_pk=delivery_pk, now=now, lease_until=now + timedelta(seconds=lease_seconds)
         )
         .returning(Delivery.attempts, Delivery.retries)
         .execution_options(synchronize_session=False)
@@ -417,12 +403,33 @@ def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease 
     return None if claimed is None else Lease(delivery_pk, *claimed)
 
 
-def _fenced(lease: Lease):
+def fenced_update(*, delivery_pk, attempt):
+    """An UPDATE of the delivery that matches only while ``attempt`` is its
+    newest lease: every write after the claim goes through it."""
     return update(Delivery).where(
-        Delivery.id == lease.delivery_pk,
-        Delivery.attempts == lease.attempt,
+        Delivery.id == delivery_pk,
+        Delivery.attempts == attempt,
         Delivery.status == DeliveryStatus.PROCESSING.value,
     )
+
+
+def _fenced(lease: Lease):
+    return fenced_update(delivery_pk=lease.delivery_pk, attempt=lease.attempt)
+
+
+def finish_values(*, status, reason, now, outcome=None, task_id=None) -> dict[str, object]:
+    """The columns a delivery's final record sets (values or SQL expressions)."""
+    values: dict[str, object] = {
+        "status": status,
+        "status_reason": reason,
+        "lease_expires_at": None,
+        "updated_at": now,
+    }
+    if outcome is not None:
+        values["outcome"] = outcome
+    if task_id is not None:
+        values["task_id"] = task_id
+    return values
 
 
 def finish(
@@ -439,16 +446,9 @@ def finish(
     (a newer attempt owns the row now, and its record stands)."""
     if status not in FINISHED:
         raise ValueError(f"{status} is not a finished state")
-    values: dict[str, object] = {
-        "status": status.value,
-        "status_reason": reason,
-        "lease_expires_at": None,
-        "updated_at": utcnow(),
-    }
-    if outcome is not None:
-        values["outcome"] = outcome
-    if task_id is not None:
-        values["task_id"] = task_id
+    values = finish_values(
+        status=status.value, reason=reason, now=utcnow(), outcome=outcome, task_id=task_id
+    )
     if error is not None:
         values["last_error"] = error
     rows = session.execute(

@@ -20,10 +20,10 @@ from datetime import datetime
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from models.errors import WorkspaceNotAccessible
+from models.errors import DeliveryNotFound, InvalidExternalId, WorkspaceNotAccessible
 from models.events import EventType
-from models.external_id import InvalidExternalId, normalize_external_id
-from models.inbox import DeliveryNotFound, DeliveryStatus, counts_by_status, oldest_queued_at
+from models.external_id import normalize_external_id
+from models.inbox import DeliveryStatus, counts_by_status, oldest_queued_at
 from models.providers import UNKNOWN_EVENT
 from models.tables import (
     Delivery,

@@ -2,6 +2,13 @@
 
 The defaults give the embedded setup -- a SQLite file and a broker in files
 under ``./var/``, no servers -- so a fresh checkout runs with nothing set.
+
+One way to read them: a process reads the environment once, at its edge --
+:func:`get_settings` for the ingress, the worker and beat, a fresh
+``Settings()`` per command in the CLI (``worker.cli.runtime``), so that each
+invocation sees the environment as it is then -- and passes them down as an
+argument. Nothing below the edge reads the environment; a test injects its
+own ``Settings`` where the edge would have read them.
 """
 
 from __future__ import annotations
@@ -150,7 +157,7 @@ class Settings(BaseSettings):
         default=True,
         description="On PostgreSQL, run the plain create (an identity nobody holds, an intake "
         "step without a WIP limit, a row with the draft the ingress read) in two statements "
-        "(worker/fastpath.py). false sends every delivery down the general path, which "
+        "(models/fastpath.py). false sends every delivery down the general path, which "
         "makes the same decisions in more round trips: for diagnosis, and for the tests "
         "that prove both paths agree.",
     )

@@ -10,22 +10,13 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from models.errors import TaskStoreError
+from models.errors import InvalidSource, SourceNotFound
 from models.providers import PROVIDERS as REGISTRY
 from models.tables import SourceSecret, WebhookSource, Workspace, utcnow
 
 #: The provider names a source may have: every registered provider.
 PROVIDERS = tuple(REGISTRY)
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
-
-
-class InvalidSource(TaskStoreError, ValueError):
-    pass
-
-
-class SourceNotFound(TaskStoreError, LookupError):
-    def __init__(self, slug: str) -> None:
-        super().__init__(f"no webhook source named {slug!r}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    literal_column,
     text,
     true,
 )
@@ -43,6 +44,15 @@ MAX_ROW_ID = 2**31 - 1
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def sql_constant(text: str):
+    """``text`` written into a statement, not a parameter: the statements
+    compiled once for psycopg (``models.inbox.InboxSQL``, ``models.fastpath``)
+    take their parameters by name, and an anonymous one would go unfilled."""
+    if "'" in text:
+        raise ValueError(f"a quote in an SQL constant: {text!r}")
+    return literal_column(f"'{text}'", String)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -284,7 +294,7 @@ class Delivery(Base):
     external_id: Mapped[str | None] = mapped_column(ExternalIdText)
     #: The task the body describes, as the ingress read and validated it: the
     #: PostgreSQL worker creates the task from these without reading the body
-    #: (worker.fastpath). NULL when the body describes no valid task, for rows
+    #: (models.fastpath). NULL when the body describes no valid task, for rows
     #: stored before they were kept, and after a replay: then the worker reads
     #: the body itself and says what is wrong with it. Text without limits, so
     #: that keeping them can never fail the ingress's INSERT.

@@ -1,11 +1,12 @@
 """The task service: create-if-absent by external id, lookup, archive, delete, release.
 
 ``create_task`` follows the create sequence (docs/contract.md, "The create
-sequence") step by step, and its steps carry that section's numbers. Two of
-its steps commit, because the contract needs them durable before the next
-begins: the insert (step 5, after which the identity is held, unsettled, for
-everyone to see) and the settlement (step 7). Every other function here
-leaves the commit to the caller's unit of work.
+sequence") step by step, and its steps carry that section's numbers. It
+runs in named transactions (``models.db.transaction``), because the contract
+needs two of its steps durable before the next begins: the insert (step 5,
+after which the identity is held, unsettled, for everyone to see) and the
+settlement (step 7). Every other function here leaves the commit to the
+caller's unit of work.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import func, select, update
+from sqlalchemy import String, cast, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from models.access import Caller
+from models.db import transaction
 from models.errors import (
     HolderChanged,
+    InvalidExternalId,
     InvalidRelease,
     InvalidTask,
     TaskNotFound,
@@ -31,7 +34,7 @@ from models.errors import (
     WorkspaceNotAccessible,
 )
 from models.events import EventType, append_created_if_missing, append_event
-from models.external_id import InvalidExternalId, normalize_external_id
+from models.external_id import normalize_external_id
 from models.integrity import violated_unique_index
 from models.tables import (
     EXTERNAL_ID_INDEX,
@@ -41,6 +44,7 @@ from models.tables import (
     TaskSource,
     WorkflowStep,
     Workspace,
+    sql_constant,
     utcnow,
 )
 
@@ -148,9 +152,11 @@ def create_task(
 ) -> CreateTaskResult:
     """Create the task unless a task in the workspace already holds its external id.
 
-    ``dispatch`` is the asynchronous step (8): it is called with the task only
-    after a successful settlement, never for a Found outcome and never when the
-    identity was lost. Raises :class:`WorkspaceNotAccessible`,
+    Commits in two named transactions, the insert's and the settlement's
+    (see the module docstring), so call it with no writes of the caller's
+    pending. ``dispatch`` is the asynchronous step (8): it is called with the
+    task only after a successful settlement, never for a Found outcome and
+    never when the identity was lost. Raises :class:`WorkspaceNotAccessible`,
     :class:`InvalidExternalId`, :class:`InvalidTask`, :class:`WipLimitReached`,
     or :class:`TaskNotFound` when the new task was deleted before it settled;
     whatever ``fence`` raises, with nothing inserted.
@@ -163,18 +169,9 @@ def create_task(
     external_id = normalize_external_id(new.external_id)
 
     while True:
-        # 3. LOOKUP before ANY write or allocation: resolving Found after the
-        #    identifier allocation would burn a sequence number, and after WIP
-        #    admission would turn a retry into a capacity error.
-        if external_id is not None:
-            holder = _holder_of(session, workspace.id, external_id)
-            if holder is not None:
-                return _found(holder)
-        hooks.after_lookup()
-
-        task = _insert_new_task(session, workspace, new, external_id, fence)
+        task = _look_up_then_insert(session, workspace, new, external_id, hooks, fence)
         if isinstance(task, CreateTaskResult):
-            return task  # the TOCTOU backstop found the winner of the race
+            return task  # Found: by the lookup, or by the TOCTOU backstop
         if task is not None:
             break
         # The index said another task held the identity, but it was gone by
@@ -183,6 +180,76 @@ def create_task(
 
     hooks.after_insert(task)
     return complete_creation(session=session, task=task, source=new.source, dispatch=dispatch)
+
+
+class _Stage(enum.Enum):
+    LOOKUP = "lookup"
+    BEFORE_INSERT = "before_insert"
+    INSERT = "insert"
+
+
+def _look_up_then_insert(
+    session: Session,
+    workspace: Workspace,
+    new: NewTask,
+    external_id: str | None,
+    hooks: CreateHooks,
+    fence: InsertFence | None,
+) -> Task | CreateTaskResult | None:
+    """Steps 3-5 in the insert's transaction. The new task, a Found result
+    (from the lookup, or from the backstop), or None when the identity was
+    freed again while we looked (the caller starts over)."""
+    stage = _Stage.LOOKUP
+    try:
+        with transaction(session, "the insert (create sequence, steps 3-5)"):
+            # 3. LOOKUP before ANY write or allocation: resolving Found after the
+            #    identifier allocation would burn a sequence number, and after WIP
+            #    admission would turn a retry into a capacity error.
+            if external_id is not None:
+                holder = _holder_of(session, workspace.id, external_id)
+                if holder is not None:
+                    return _found(holder)
+            hooks.after_lookup()
+            stage = _Stage.BEFORE_INSERT
+            # 4. required create-time validation: everything the create writes,
+            #    the source link included, so nothing the database refuses can
+            #    fail a write after the insert commits and leave the task unsettled.
+            valid = validated_new_task(new)
+            # 5. identifier allocation, WIP admission, task-row insert.
+            identifier = _allocate_identifier(session, workspace)
+            step = _admit_to_intake_step(session, workspace)
+            stage = _Stage.INSERT
+            task = Task(
+                workspace_id=workspace.id,
+                identifier=identifier,
+                title=valid.title,
+                description=valid.description,
+                step_id=step.id,
+                external_id=external_id,
+                created_by_delivery=new.created_by_delivery,
+            )
+            session.add(task)
+            session.flush()
+            if fence is not None:
+                fence(session, task)
+        return task
+    except Exception as error:
+        if stage is _Stage.LOOKUP or external_id is None:
+            raise
+        if stage is _Stage.INSERT and (
+            not isinstance(error, IntegrityError)
+            or violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX
+        ):
+            raise
+        # After a step-3 miss, a pre-insert failure (a full WIP step above
+        # all) may hide a create that won the race; and the unique index is
+        # the backstop for the narrow race between the lookup and the insert.
+        holder = _holder_of(session, workspace.id, external_id)
+        if holder is not None:
+            return _found(holder)
+        if stage is _Stage.BEFORE_INSERT:
+            raise
+        return None
 
 
 def complete_creation(
@@ -202,18 +269,17 @@ def complete_creation(
     # Read before anything can roll back: a rollback expires the instance.
     task_id, external_id = task.id, task.external_id
     try:
-        # 6. required synchronous post-create work
-        if source is not None:
-            record_task_source(session=session, task_id=task_id, source=source)
-        # 7. SETTLE (a task without an external id has no identity to settle)
-        settled = external_id is None or _settle(session, task, external_id)
-        if settled:
-            # The event commits with the settlement: it exists exactly when the
-            # create did, and never for a Found outcome.
-            append_event(session=session, type=EventType.CREATED, task=task)
-        session.commit()
+        with transaction(session, "the settlement (create sequence, steps 6-7)"):
+            # 6. required synchronous post-create work
+            if source is not None:
+                record_task_source(session=session, task_id=task_id, source=source)
+            # 7. SETTLE (a task without an external id has no identity to settle)
+            settled = external_id is None or _settle(session, task, external_id)
+            if settled:
+                # The event commits with the settlement: it exists exactly when
+                # the create did, and never for a Found outcome.
+                append_event(session=session, type=EventType.CREATED, task=task)
     except IntegrityError:
-        session.rollback()
         if _current(session, task_id) is None:
             raise TaskNotFound() from None  # deleted before its source link landed
         raise
@@ -226,8 +292,8 @@ def complete_creation(
 
     # Zero rows: the task was deleted or its identity released while this
     # create ran. A benign race, not an error; never dispatch from here.
-    current = _current(session, task_id)
-    session.commit()
+    with transaction(session, "the re-read of a task that did not settle"):
+        current = _current(session, task_id)
     if current is None:
         raise TaskNotFound()
     if current.external_id == external_id and current.external_id_settled_at is not None:
@@ -236,63 +302,6 @@ def complete_creation(
         # taskhook extends the contract").
         return CreateTaskResult(current, CreateOutcome.CREATED)
     return CreateTaskResult(current, CreateOutcome.CREATED_IDENTITY_LOST)
-
-
-def _insert_new_task(
-    session: Session,
-    workspace: Workspace,
-    new: NewTask,
-    external_id: str | None,
-    fence: InsertFence | None,
-) -> Task | CreateTaskResult | None:
-    """Steps 4-5. The new task, a Found result from the backstop, or None when
-    the identity was freed again while we looked (the caller starts over)."""
-    try:
-        # 4. required create-time validation: everything the create writes,
-        #    the source link included, so nothing the database refuses can
-        #    fail a write after the insert commits and leave the task unsettled.
-        valid = validated_new_task(new)
-        # 5. identifier allocation, WIP admission, task-row insert: one transaction.
-        #    The sequence UPDATE locks the workspace row, which also serializes
-        #    the WIP count below against concurrent creates.
-        identifier = _allocate_identifier(session, workspace)
-        step = _admit_to_intake_step(session, workspace)
-    except Exception:
-        session.rollback()
-        # After a step-3 miss, a pre-insert failure (a full WIP step above
-        # all) may hide a create that won the race: re-read before failing.
-        holder = _holder_of(session, workspace.id, external_id) if external_id else None
-        if holder is not None:
-            return _found(holder)
-        raise
-
-    task = Task(
-        workspace_id=workspace.id,
-        identifier=identifier,
-        title=valid.title,
-        description=valid.description,
-        step_id=step.id,
-        external_id=external_id,
-        created_by_delivery=new.created_by_delivery,
-    )
-    session.add(task)
-    try:
-        session.flush()
-        if fence is not None:
-            fence(session, task)
-        session.commit()
-    except Exception as error:
-        session.rollback()
-        if (
-            external_id is None
-            or not isinstance(error, IntegrityError)
-            or violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX
-        ):
-            raise
-        # The backstop for the narrow race between the lookup and the insert.
-        holder = _holder_of(session, workspace.id, external_id)
-        return _found(holder) if holder is not None else None
-    return task
 
 
 def validated_new_task(new: NewTask) -> NewTask:
@@ -344,24 +353,79 @@ def _checked_text(value: object, *, what: str, limit: int | None) -> str:
     return value
 
 
-def _allocate_identifier(session: Session, workspace: Workspace) -> str:
-    number = session.execute(
+# --- the create's statements ----------------------------------------------------------
+#
+# Each takes values or bound parameters: the general path executes them one by
+# one, and the fast path (models.fastpath) composes the same statements into
+# its two, so a step is written once.
+
+
+def allocate_identifier(workspace_id):
+    """Step 5's identifier: the workspace's next sequence number, ``PREFIX-N``.
+    The UPDATE locks the workspace row until commit, which also serializes a
+    WIP count against concurrent creates."""
+    return (
         update(Workspace)
-        .where(Workspace.id == workspace.id)
+        .where(Workspace.id == workspace_id)
         .values(task_sequence=Workspace.task_sequence + 1)
-        .returning(Workspace.task_sequence)
-    ).scalar_one()
-    return f"{workspace.task_prefix}-{number}"
+        .returning(
+            (
+                Workspace.task_prefix + sql_constant("-") + cast(Workspace.task_sequence, String)
+            ).label("identifier")
+        )
+    )
 
 
-def intake_step(session: Session, workspace_id: int) -> WorkflowStep:
+def intake_step_query(workspace_id):
     """Where new tasks land: the workspace's step with the lowest position."""
-    step = session.scalars(
+    return (
         select(WorkflowStep)
         .where(WorkflowStep.workspace_id == workspace_id)
         .order_by(WorkflowStep.position)
         .limit(1)
-    ).first()
+    )
+
+
+def holds_identity(workspace_id, external_id):
+    """Step 3's lookup: the task in the workspace that holds ``external_id``."""
+    return (Task.workspace_id == workspace_id, Task.external_id == external_id)
+
+
+def settle_statement(*, task_id, external_id, now):
+    """Step 7: stamp the settlement, only on the task that still holds the
+    identity it was created with. ``external_id`` in the predicate is
+    required, not defensive: release sets both columns to NULL, and a
+    predicate on id and settled_at alone would stamp a settlement onto a task
+    that no longer holds any identity."""
+    return (
+        update(Task)
+        .where(
+            Task.id == task_id,
+            Task.external_id == external_id,
+            Task.external_id_settled_at.is_(None),
+        )
+        .values(external_id_settled_at=now)
+    )
+
+
+def link_source_statement(dialect: str, *, task_id, provider, url, remote_key, now):
+    """Step 6: link the task to the item it came from; a second write for the
+    task is a no-op."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        insert(TaskSource)
+        .values(task_id=task_id, provider=provider, url=url, remote_key=remote_key, created_at=now)
+        .on_conflict_do_nothing(index_elements=[TaskSource.task_id])
+    )
+
+
+def _allocate_identifier(session: Session, workspace: Workspace) -> str:
+    return session.execute(allocate_identifier(workspace.id)).scalar_one()
+
+
+def intake_step(session: Session, workspace_id: int) -> WorkflowStep:
+    """Where new tasks land: the workspace's step with the lowest position."""
+    step = session.scalars(intake_step_query(workspace_id)).first()
     if step is None:
         raise WorkspaceMisconfigured(f"workspace {workspace_id} has no workflow steps")
     return step
@@ -382,18 +446,10 @@ def _admit_to_intake_step(session: Session, workspace: Workspace) -> WorkflowSte
 
 def _settle(session: Session, task: Task, external_id: str) -> bool:
     settled_at = utcnow()
-    # external_id in the predicate is required, not defensive: release sets
-    # both columns to NULL, and a predicate on id and settled_at alone would
-    # stamp a settlement onto a task that no longer holds any identity.
     rows = session.execute(
-        update(Task)
-        .where(
-            Task.id == task.id,
-            Task.external_id == external_id,
-            Task.external_id_settled_at.is_(None),
-        )
-        .values(external_id_settled_at=settled_at)
-        .execution_options(synchronize_session=False)
+        settle_statement(
+            task_id=task.id, external_id=external_id, now=settled_at
+        ).execution_options(synchronize_session=False)
     ).rowcount
     if rows == 1:
         task.external_id_settled_at = settled_at
@@ -403,17 +459,15 @@ def _settle(session: Session, task: Task, external_id: str) -> bool:
 
 def record_task_source(*, session: Session, task_id: int, source: SourceLink) -> None:
     """Link the task to the item it came from; a second write for the task is a no-op."""
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     session.execute(
-        insert(TaskSource)
-        .values(
+        link_source_statement(
+            session.get_bind().dialect.name,
             task_id=task_id,
             provider=source.provider,
             url=source.url,
             remote_key=source.remote_key,
-            created_at=utcnow(),
+            now=utcnow(),
         )
-        .on_conflict_do_nothing(index_elements=[TaskSource.task_id])
     )
 
 
@@ -442,7 +496,7 @@ def _current(session: Session, task_id: int) -> Task | None:
 def _holder_of(session: Session, workspace_id: int, external_id: str) -> Task | None:
     return session.scalars(
         select(Task)
-        .where(Task.workspace_id == workspace_id, Task.external_id == external_id)
+        .where(*holds_identity(workspace_id, external_id))
         .execution_options(populate_existing=True)
     ).one_or_none()
 
@@ -558,7 +612,7 @@ def release_external_id(
         missing="a release must give a reason",
         limit=MAX_RELEASE_REASON_LENGTH,
     )
-    held = [Task.workspace_id == workspace_id, Task.external_id == normalized]
+    held = list(holds_identity(workspace_id, normalized))
     predicate = held if expected_task_id is None else [*held, Task.id == expected_task_id]
     task_id = session.execute(
         update(Task)

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.access import Caller
-from models.errors import InvalidRelease, TaskStoreError
+from models.errors import InvalidRelease, InvalidToken
 from models.tables import ApiToken, ApiTokenWorkspace, Workspace, utcnow
 from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
@@ -22,10 +22,6 @@ TOKEN_PREFIX = "th_"
 class Role(enum.StrEnum):
     MEMBER = "member"
     OPERATOR = "operator"
-
-
-class InvalidToken(TaskStoreError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,11 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models.errors import TaskStoreError
+from models.errors import InvalidWorkspace
 from models.tables import WorkflowStep, Workspace
 
 _SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 _PREFIX = re.compile(r"^[A-Z][A-Z0-9]{0,15}$")
-
-
-class InvalidWorkspace(TaskStoreError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class Store:
 
     @property
     def takes_fast_path(self) -> bool:
-        """A plain create runs on the fast path (worker.fastpath) on this store."""
+        """A plain create runs on the fast path (models.fastpath) on this store."""
         return self.dialect == "postgresql" and self.fast_path
 
     def worker_settings(self, base: Settings) -> Settings:

@@ -84,3 +84,14 @@ def gitlab_headers(
     event = GITLAB_EVENT_OF[name.split("__")[0]]
     sent = PROVIDERS["gitlab"].sample_headers(b"", token, event=event, delivery_id=delivery)
     return sent | extra
+
+
+def sample_headers(
+    provider: str, name: str, body: bytes, secret: str, *, delivery: str | None = None
+) -> dict[str, str]:
+    """Headers as ``provider`` sends them with fixture ``name``'s ``body``."""
+    if provider == "github":
+        return github_headers(name, body, secret, delivery=delivery)
+    if provider == "gitlab":
+        return gitlab_headers(name, secret, delivery=delivery)
+    return jira_headers(body, secret, delivery=delivery)

@@ -49,7 +49,7 @@ AFTER_INSERT = "after_insert"
 #: first create (right after AFTER_INSERT) and by a redelivery finishing its own create.
 BEFORE_SETTLE = "before_settle"
 #: The task is settled and committed. On the general path the inbox row is
-#: not marked done yet; on PostgreSQL's fast path (``worker.fastpath``) it
+#: not marked done yet; on PostgreSQL's fast path (``models.fastpath``) it
 #: committed with the settlement, so this is the same state as BEFORE_ACK.
 AFTER_SETTLE = "after_settle"
 #: The inbox row's final state has committed; the broker has not had the ack yet.

@@ -17,8 +17,7 @@ from celery import shared_task
 from sqlalchemy.orm import Session
 
 from models.db import session_scope
-from models.errors import HolderChanged, InvalidRelease, TaskNotFound
-from models.external_id import InvalidExternalId
+from models.errors import HolderChanged, InvalidExternalId, InvalidRelease, TaskNotFound
 from models.messages import RELEASE_IDENTITY
 from models.tables import Task
 from models.tasks import release_external_id

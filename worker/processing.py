@@ -5,70 +5,15 @@ PostgreSQL. The task body in ``worker.tasks`` opens one session scope, calls
 :func:`process_delivery` and, when the answer asks for it, sends the delivery
 again after ``retry_in`` seconds.
 
-A delivery's run, in order:
-
-1. claim the inbox row with a lease (a new attempt number); nothing to do when
-   it is finished or another worker holds it;
-2. parse the body with the source's provider adapter; an event the source
-   does not create tasks for is ``ignored``, a body the adapter cannot use is
-   ``dead`` -- never a retry loop. So is a task holding a value the task
-   store would refuse (``models.tasks.validated_new_task``: text no database
-   stores, a link field too long for its column): it is refused here, before
-   the lookup, as an unusable body, rather than found out by a write after
-   the insert, which would leave a task that never settles;
-3. when an earlier attempt of this delivery inserted a task
-   (``created_task_id``), finish that create, or park the delivery when that
-   task was deleted before it settled; otherwise ``create_task`` with the
-   draft's external id, its insert fenced by the lease: the same transaction
-   records the task on the delivery row only while the lease is this
-   attempt's, and a taken-over attempt inserts nothing (docs/contract.md,
-   "Fencing the create");
-4. record the outcome and the task on the row, fenced by the attempt number,
-   so a worker whose lease was taken over cannot overwrite the newer record.
-
-On PostgreSQL the plain case -- an identity nobody holds, an intake step
-without a WIP limit, a row with the draft the ingress read and no task from
-an earlier attempt -- runs steps 1, 3 and 4 as two statements on the fast
-path (``worker.fastpath``), without reading the body, in the same order and
-with the same answers; everything else is handed to ``create_task`` and
-``complete_creation`` here. ``Settings.worker_fast_path`` turns the fast path
-off, and the worker tests run on PostgreSQL with it on and off.
-
-Safe to run twice at once for the same delivery: the claim lets one run in
-at a time, fencing drops the writes of a run whose lease was taken over, and
-the create is idempotent by external id, so a second run finds the first
-run's task (and may finish it, because the task names this delivery as its
-creator: a create may finish its own work, never another's --
-docs/contract.md, "Where taskhook extends the basic contract").
-
-How each answer of the task store ends (in code: :data:`CREATE_REFUSALS` for
-its refusals, and :class:`Attempt`'s endings; ``retries`` is how many retries the
-delivery has spent, counted on its inbox row so that a crash does not start
-the count over; each kind of retry stops at its own limit):
-
-==========================================  ===========================================
-Created, CreatedIdentityLost, FoundSettled  ``done``
-FoundUnsettled, created by this delivery    finish that create (idempotent), ``done``
-FoundUnsettled, another caller's create     retry; past ``unsettled_max_retries``
-                                            ``needs_operator``, naming the holder
-WipLimitReached                             the intake step may drain: retry like the
-                                            above, then ``needs_operator``
-TaskNotFound, or the task an earlier        ``needs_operator``: someone deleted the task
-attempt inserted is gone                    this delivery was creating; recreating it
-                                            is a person's call (replay)
-LeaseTakenOver (the insert's fence)         nothing: the newer attempt records the delivery
-WorkspaceMisconfigured                      ``needs_operator``: fix the workflow, replay
-InvalidExternalId, WorkspaceNotAccessible   ``dead``: the same body fails the same way
-                                            every time (the source's workspace is gone)
-unsupported body or content type, or a      ``dead``, "unsupported payload"
-task the store would refuse (InvalidTask)
-database error (``TRANSIENT_ERRORS``)       retry; past ``database_max_retries`` ``dead``
-                                            with the error in ``last_error``
-anything else (a bug)                       ``dead`` with the error: a poison message
-                                            must not come back every lease period
-==========================================  ===========================================
-
-The worker never releases an identity: release is an operator's decision.
+A run claims the row with a lease, parses the body with the source's
+provider, creates the task (on PostgreSQL's plain case through
+``models.fastpath``; else through ``models.tasks.create_task``, its insert
+fenced by the lease), and records the outcome fenced by the lease's attempt.
+How each answer of the task store ends is a table in code
+(:data:`CREATE_REFUSALS` and :class:`Attempt`'s endings); the steps, the
+table and why a run is safe twice at once are in docs/architecture.md, "A
+delivery's run". The worker never releases an identity: release is an
+operator's decision.
 """
 
 from __future__ import annotations
@@ -87,18 +32,21 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from models.access import Caller
+from models.db import transaction
 from models.errors import (
+    InvalidExternalId,
     InvalidTask,
+    LeaseTakenOver,
     TaskNotFound,
     WipLimitReached,
     WorkspaceMisconfigured,
     WorkspaceNotAccessible,
 )
-from models.external_id import InvalidExternalId, normalize_external_id
+from models.external_id import normalize_external_id
+from models.fastpath import Claimed, FastPath, Inserted, LostTheRace, Settlement, fast_path
 from models.inbox import (
     DeliveryStatus,
     Lease,
-    LeaseTakenOver,
     claim,
     defer,
     fence_create,
@@ -126,7 +74,6 @@ from worker.failpoints import (
     armed,
     failpoint,
 )
-from worker.fastpath import Claimed, FastPath, Inserted, LostTheRace, Settlement, fast_path
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +107,7 @@ class Processed:
     reason: str | None = None
     #: Send the delivery again after this many seconds (a retry); None: do not.
     retry_in: float | None = None
-    #: Which executor ran the create: "fast" (worker.fastpath) or "general";
+    #: Which executor ran the create: "fast" (models.fastpath) or "general";
     #: None when this run claimed nothing.
     path: str | None = None
 
@@ -264,15 +211,16 @@ class Attempt:
         error: str | None = None,
     ) -> Processed:
         """Record the delivery's end; nothing when a newer attempt took it over."""
-        recorded = finish(
-            session=self.session,
-            lease=self.lease,
-            status=status,
-            outcome=outcome,
-            task_id=task_id,
-            reason=reason,
-            error=error,
-        )
+        with transaction(self.session, "the delivery's record"):
+            recorded = finish(
+                session=self.session,
+                lease=self.lease,
+                status=status,
+                outcome=outcome,
+                task_id=task_id,
+                reason=reason,
+                error=error,
+            )
         if not recorded:
             return self.taken_over()
         return Processed(self.delivery_pk, status, outcome=outcome, task_id=task_id, reason=reason)
@@ -305,7 +253,9 @@ class Attempt:
         # Hold the lease until the retry is due, so the sweeper does not send the
         # delivery early and no other claim takes it meanwhile.
         until = utcnow() + timedelta(seconds=delay)
-        if not defer(session=self.session, lease=self.lease, until=until, reason=reason):
+        with transaction(self.session, "the delivery's wait for a retry"):
+            deferred = defer(session=self.session, lease=self.lease, until=until, reason=reason)
+        if not deferred:
             return self.taken_over()
         return Processed(
             self.delivery_pk,
@@ -427,14 +377,15 @@ def process_delivery(
 ) -> Processed:
     """Turn the stored delivery into its task, once; see the module docstring.
 
-    ``session`` is the caller's unit of work: this function commits where the
-    contract needs a write durable before the next step (the claim, and the
-    task store's own two commits) and leaves the last write to the caller's
-    commit. ``retries`` is the message's own retry count: the row's count
-    (``deliveries.retries``) is the budget, and the message's counts only
-    when larger -- the retries of a message whose claim never reached the
-    database (it was down) were counted nowhere else. ``transient`` are the
-    errors worth retrying.
+    ``session`` is the caller's unit of work. The run commits in named
+    transactions (``models.db.transaction``), because each must be durable
+    before the next step: the lease, the create's insert and settlement
+    (``models.tasks``), and the delivery's record; on the fast path each of
+    its two statements is a transaction of its own. ``retries`` is the
+    message's own retry count: the row's count (``deliveries.retries``) is
+    the budget, and the message's counts only when larger -- the retries of
+    a message whose claim never reached the database (it was down) were
+    counted nowhere else. ``transient`` are the errors worth retrying.
     """
     run = Run(session, delivery_pk, settings, rng, transient)
     lease: Lease | None = None  # set once the claim has committed
@@ -457,10 +408,10 @@ def process_delivery(
             path="general",
         )
     except transient as error:
-        session.rollback()
+        session.rollback()  # whatever the failed statement left open
         return _after_transient_error(run, lease, error, retries)
     except Exception as error:
-        session.rollback()
+        session.rollback()  # whatever the failed statement left open
         if lease is None:
             raise
         # Not a database hiccup: a bug or a body nobody foresaw. Retrying would
@@ -502,14 +453,13 @@ def _claim(
             # caught the rival: the general path's lookup finds it, and the
             # outcome is reported as the backstop's.
             misses.count += 1
-    lease = claim(session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds)
-    if lease is None:
-        return None
-    # The lease must be durable before the create: the task store rolls this
-    # session back on some paths (a lost insert race, a full WIP step), which
-    # would silently undo an uncommitted claim.
-    session.commit()
-    return Claimed(lease)
+    # The lease is durable before the create begins: the create's own
+    # transactions commit or roll back on their own.
+    with transaction(session, "the lease"):
+        lease = claim(
+            session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds
+        )
+    return None if lease is None else Claimed(lease)
 
 
 def _read_claimed(session: Session, lease: Lease) -> ClaimedDelivery:
@@ -582,7 +532,6 @@ def _create_on_the_general_path(
     except LeaseTakenOver:
         return attempt.taken_over()  # nothing was inserted: the insert rolled back
     except tuple(CREATE_REFUSALS) as error:
-        session.rollback()
         return attempt.refused(error, workspace_id=work.workspace_id, external_id=draft.external_id)
 
     holder = result.task
@@ -687,7 +636,6 @@ def _finish_own_create(
     try:
         completed = complete_creation(session=attempt.session, task=task, source=source)
     except TaskNotFound:
-        attempt.session.rollback()
         return attempt.deleted_while_creating(external_id)
     failpoint(AFTER_SETTLE, delivery=attempt.delivery_pk)
     if completed.outcome is CreateOutcome.CREATED_IDENTITY_LOST:
@@ -738,10 +686,10 @@ def _after_transient_error(
     if lease is not None:
         until = utcnow() + timedelta(seconds=delay)
         try:  # best effort: the database may well still be down
-            defer(session=session, lease=lease, until=until, error=summary, reason=reason)
-            session.commit()
+            with transaction(session, "the delivery's wait after a database error"):
+                defer(session=session, lease=lease, until=until, error=summary, reason=reason)
         except run.transient:
-            session.rollback()
+            pass
     return Processed(
         delivery_pk,
         DeliveryStatus.PROCESSING,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
+from models.db import transaction
 from models.inbox import sweepable
 
 Send = Callable[[int], None]
@@ -44,13 +45,13 @@ def sweep(
     sent: list[int] = []
     after = 0
     while len(sent) < max_rows:
-        page = sweepable(
-            session=session,
-            queued_grace_seconds=queued_grace_seconds,
-            limit=min(limit, max_rows - len(sent)),
-            after=after,
-        )
-        session.commit()
+        with transaction(session, "a sweep's page"):
+            page = sweepable(
+                session=session,
+                queued_grace_seconds=queued_grace_seconds,
+                limit=min(limit, max_rows - len(sent)),
+                after=after,
+            )
         for pk in page:
             send(pk)
         sent.extend(page)

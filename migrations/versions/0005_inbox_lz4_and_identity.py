@@ -9,7 +9,7 @@ names, as the ingress read it (NULL when it names none, or for rows stored
 before this revision). A PostgreSQL worker looks the identity up in the same
 statement that claims the delivery, a round trip fewer per delivery; it still
 parses the body itself and looks up separately whenever its own reading
-differs (worker/fastpath.py).
+differs (models/fastpath.py).
 
 On PostgreSQL built with lz4 (Debian's is), the body is compressed with lz4
 instead of pglz: the ingress's INSERT of a 10-30 KB body went from ~0.5 to

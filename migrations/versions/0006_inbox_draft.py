@@ -9,7 +9,7 @@ Create Date: 2026-11-29
 ingress reads from the body anyway. On PostgreSQL the worker creates the task
 from them in the statement that claims the delivery, without fetching or
 parsing the body: claim, lookup and insert in one statement, then the
-settlement in a second (worker/fastpath.py, docs/performance.md). NULL when
+settlement in a second (models/fastpath.py, docs/performance.md). NULL when
 the body describes no valid task, for rows stored before this revision and
 after a replay; the worker then reads the body itself.
 

@@ -11,12 +11,12 @@ from sqlalchemy.exc import IntegrityError
 from models.access import Caller
 from models.db import session_scope
 from models.errors import (
+    ExternalIdHasControlCharacter,
     InvalidTask,
     TaskNotFound,
     WipLimitReached,
     WorkspaceNotAccessible,
 )
-from models.external_id import ExternalIdHasControlCharacter
 from models.tables import Task, TaskSource
 from models.tasks import (
     MAX_DESCRIPTION_LENGTH,

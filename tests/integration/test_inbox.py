@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import update
 
 from models.db import session_scope
+from models.errors import InvalidSource, NotReplayable
 from models.inbox import (
     DeliveryStatus,
     IncomingDelivery,
-    NotReplayable,
     claim,
     counts_by_status,
     defer,
@@ -22,7 +22,6 @@ from models.inbox import (
     sweepable,
 )
 from models.sources import (
-    InvalidSource,
     add_secret,
     add_source,
     retire_older_secrets,

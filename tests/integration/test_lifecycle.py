@@ -7,8 +7,13 @@ from sqlalchemy import select
 
 from models.access import Caller
 from models.db import session_scope
-from models.errors import InvalidRelease, TaskNotFound, WorkspaceNotAccessible
-from models.external_id import ExternalIdHasControlCharacter, InvalidExternalId
+from models.errors import (
+    ExternalIdHasControlCharacter,
+    InvalidExternalId,
+    InvalidRelease,
+    TaskNotFound,
+    WorkspaceNotAccessible,
+)
 from models.tables import IdentityRelease, Task
 from models.tasks import (
     CreateOutcome,

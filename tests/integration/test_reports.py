@@ -13,12 +13,8 @@ import pytest
 from sqlalchemy import update
 
 from models.db import session_scope
-from models.errors import WorkspaceNotAccessible
-from models.external_id import InvalidExternalId
-from models.inbox import (
-    DeliveryNotFound,
-    DeliveryStatus,
-)
+from models.errors import DeliveryNotFound, InvalidExternalId, WorkspaceNotAccessible
+from models.inbox import DeliveryStatus
 from models.reports import (
     inbox_stats,
     list_deliveries,

@@ -11,15 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models.external_id import (
-    MAX_EXTERNAL_ID_BYTES,
-    UNICODE_WHITE_SPACE,
+from models.errors import (
     ExternalIdHasControlCharacter,
     ExternalIdNotText,
     ExternalIdTooLong,
     InvalidExternalId,
-    normalize_external_id,
 )
+from models.external_id import MAX_EXTERNAL_ID_BYTES, UNICODE_WHITE_SPACE, normalize_external_id
 
 CONTROL_CHARACTERS = [chr(c) for c in range(0x20)] + ["\x7f"]
 # White_Space code points that are not ASCII control characters: the ones a trim must remove.

@@ -1,7 +1,9 @@
 """The per-invocation runtime (settings, engine, sessions) and the CLI's errors.
 
 Also the root group's class, which turns the models' domain errors and the
-database's into the one-line refusals of exit code 1.
+database's into the one-line refusals of exit code 1: the CLI's one
+translation, through which every command's errors pass (no command maps a
+domain error itself).
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
-from models.external_id import InvalidExternalId
 from models.settings import Settings
 
 #: Exit code of a release whose request went out but got no answer.
@@ -76,7 +77,7 @@ class TaskhookGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (TaskStoreError, InvalidExternalId) as error:
+        except TaskStoreError as error:  # every kind alike: the store's words, exit 1
             raise Refused(str(error)) from None
         except DBAPIError as error:
             runtime = ctx.find_object(CommandRuntime)

@@ -73,7 +73,7 @@ def test_a_worker_killed_after_the_settlement_leaves_nothing_to_recover(
     start_worker: StartWorker, client: Celery, sessions
 ):
     # On PostgreSQL the settlement, the task.created event and the delivery's
-    # "done" commit in one statement (worker.fastpath): there is no state in
+    # "done" commit in one statement (models.fastpath): there is no state in
     # which the task is settled and its delivery not yet recorded. (The
     # general path's version of that state is covered on both databases by
     # tests/integration/worker/test_processing.py.)

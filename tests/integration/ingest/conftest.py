@@ -17,12 +17,13 @@ from models.sources import add_source
 from models.tables import Delivery
 from models.tokens import issue_token
 from tests.conftest import Store
-from tests.deliveries import fixture, github_headers, gitlab_headers, jira_headers
+from tests.deliveries import fixture, sample_headers
 
 GITHUB_SECRET = "gh-secret-1"
 JIRA_SECRET = "jira-secret-1"
 JIRA_SITE = "https://acme.atlassian.net"
 GITLAB_TOKEN = "gl-token-1"
+SECRETS = {"github": GITHUB_SECRET, "jira": JIRA_SECRET, "gitlab": GITLAB_TOKEN}
 
 
 @dataclass
@@ -31,44 +32,32 @@ class Ingress:
     store: Store
     published: list[int]
 
-    def github(
+    def send(
         self,
+        provider: str,
         name: str,
         *,
         body: bytes | None = None,
-        secret: str = GITHUB_SECRET,
-        source: str = "acme-github",
+        secret: str | None = None,
+        source: str | None = None,
         **headers: str,
     ):
-        body = fixture("github", name) if body is None else body
-        sent = github_headers(name, body, secret) | headers
-        return self.client.post(f"/webhooks/github/{source}", content=body, headers=sent)
+        """Post fixture ``name`` (or ``body``) to ``provider``'s route, dressed
+        and signed as the provider sends it; ``headers`` add to or replace those."""
+        body = fixture(provider, name) if body is None else body
+        secret = SECRETS[provider] if secret is None else secret
+        sent = sample_headers(provider, name, body, secret) | headers
+        route = f"/webhooks/{provider}/{source or f'acme-{provider}'}"
+        return self.client.post(route, content=body, headers=sent)
 
-    def jira(
-        self,
-        name: str,
-        *,
-        body: bytes | None = None,
-        secret: str = JIRA_SECRET,
-        source: str = "acme-jira",
-        **headers: str,
-    ):
-        body = fixture("jira", name) if body is None else body
-        sent = jira_headers(body, secret) | headers
-        return self.client.post(f"/webhooks/jira/{source}", content=body, headers=sent)
+    def github(self, name: str, **options):
+        return self.send("github", name, **options)
 
-    def gitlab(
-        self,
-        name: str,
-        *,
-        body: bytes | None = None,
-        token: str = GITLAB_TOKEN,
-        source: str = "acme-gitlab",
-        **headers: str,
-    ):
-        body = fixture("gitlab", name) if body is None else body
-        sent = gitlab_headers(name, token) | headers
-        return self.client.post(f"/webhooks/gitlab/{source}", content=body, headers=sent)
+    def jira(self, name: str, **options):
+        return self.send("jira", name, **options)
+
+    def gitlab(self, name: str, *, token: str = GITLAB_TOKEN, **options):
+        return self.send("gitlab", name, secret=token, **options)
 
     def deliveries(self) -> list[Delivery]:
         with self.store.sessions() as session:

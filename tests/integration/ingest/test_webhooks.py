@@ -50,7 +50,7 @@ def test_a_github_create_event_is_stored_queued_and_enqueued(ingress: Ingress, n
     event = f"{name.split('__')[0]}.opened"  # issues__opened_... -> issues.opened
     assert (row.status, row.body, row.event) == ("queued", fixture("github", name), event)
     assert row.action == "opened"
-    # The identity the body names, kept for the worker's claim (worker.fastpath).
+    # The identity the body names, kept for the worker's claim (models.fastpath).
     kind = "gh-pr" if row.event == "pull_request.opened" else "gh-issue"
     assert row.external_id.startswith(f"{kind}/")
     assert_keeps_the_draft(row, site=None)

@@ -1,5 +1,5 @@
 """The worker's tests run every delivery's path on SQLite and, on PostgreSQL,
-twice: with the fast path (worker.fastpath) allowed and with it turned off.
+twice: with the fast path (models.fastpath) allowed and with it turned off.
 
 The two executors make the same decisions in a different number of
 statements; running the same tests on each is what keeps them from drifting

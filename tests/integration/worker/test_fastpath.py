@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from models.access import Caller
 from models.db import session_scope
 from models.events import events_after
+from models.fastpath import fast_path
 from models.inbox import DeliveryStatus, replay
 from models.tables import Delivery, Task
 from models.tasks import (
@@ -34,7 +35,6 @@ from tests.e2e.conftest import wait_until
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.integration.worker.runs import expire_lease, run
 from worker import processing
-from worker.fastpath import fast_path
 
 RIVAL_SOURCE = SourceLink(provider="jira", url="https://rival.example/TES-41", remote_key="TES-41")
 

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import text
 
+from models.fastpath import fast_path
 from models.settings import Settings
 from worker import runtime
-from worker.fastpath import fast_path
 from worker.processing import TRANSIENT_ERRORS
 
 LIMIT = 1  # second

@@ -1,0 +1,50 @@
+"""One instance of every domain error, for the tests of each surface's mapping
+(tests/unit/test_errors.py, tests/integration/ingest/test_api_errors.py)."""
+
+from __future__ import annotations
+
+from models.errors import (
+    DeliveryNotFound,
+    ExternalIdHasControlCharacter,
+    ExternalIdNotText,
+    ExternalIdTooLong,
+    HolderChanged,
+    InvalidExternalId,
+    InvalidRelease,
+    InvalidSource,
+    InvalidTask,
+    InvalidToken,
+    InvalidWorkspace,
+    LeaseTakenOver,
+    NotReplayable,
+    SourceNotFound,
+    TaskNotFound,
+    TaskStoreError,
+    WipLimitReached,
+    WorkspaceMisconfigured,
+    WorkspaceNotAccessible,
+)
+from models.inbox import Lease
+
+#: One instance of every domain error: a new class needs a line here, and so
+#: goes through every surface's test below.
+SAMPLES: dict[type[TaskStoreError], TaskStoreError] = {
+    WorkspaceNotAccessible: WorkspaceNotAccessible(7),
+    TaskNotFound: TaskNotFound(),
+    DeliveryNotFound: DeliveryNotFound(3),
+    SourceNotFound: SourceNotFound("acme-github"),
+    InvalidTask: InvalidTask("title is required"),
+    InvalidRelease: InvalidRelease("a release must give a reason"),
+    InvalidSource: InvalidSource("a signing secret cannot be empty"),
+    InvalidWorkspace: InvalidWorkspace("a workspace needs a name"),
+    InvalidToken: InvalidToken("no token with id 9"),
+    InvalidExternalId: InvalidExternalId("external_id is required"),
+    ExternalIdHasControlCharacter: ExternalIdHasControlCharacter(1, 0x0A),
+    ExternalIdTooLong: ExternalIdTooLong(300, 255),
+    ExternalIdNotText: ExternalIdNotText("int"),
+    WipLimitReached: WipLimitReached("Inbox", 2),
+    HolderChanged: HolderChanged(1, 2, "ACME-2"),
+    NotReplayable: NotReplayable("delivery 3 is done; only needs_operator or dead replay"),
+    LeaseTakenOver: LeaseTakenOver(Lease(delivery_pk=3, attempt=1)),
+    WorkspaceMisconfigured: WorkspaceMisconfigured("workspace 7 has no workflow steps"),
+}
