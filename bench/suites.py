@@ -20,6 +20,7 @@ import httpx
 import psycopg
 import redis
 from celery import Celery
+from sqlalchemy import text
 
 from bench import report, taskhook
 from bench.baselines import DURABLE_TABLE
@@ -987,10 +988,8 @@ def _time_creates(database: str, count: int, prefix: str) -> list[float]:
 
     engine = make_engine(database)
     sessions = make_session_factory(engine)
-    with sessions() as session:
-        workspace_id = session.execute(
-            __import__("sqlalchemy").text("SELECT id FROM workspaces")
-        ).scalar_one()
+    with session_scope(sessions) as session:
+        workspace_id = session.execute(text("SELECT id FROM workspaces")).scalar_one()
     caller = Caller.trusted("bench")
     latencies = []
     for index in range(count):

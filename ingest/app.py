@@ -30,7 +30,7 @@ from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
-from models.db import make_engine, make_session_factory
+from models.db import make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
 from models.settings import Settings, get_settings
 
@@ -257,7 +257,7 @@ def _bearer_is(authorization: str | None, token: str) -> bool:
 
 def _database_ready(runtime: IngressRuntime) -> str:
     try:
-        with runtime.store_errors(), runtime.sessions() as session:
+        with runtime.store_errors(), session_scope(runtime.sessions) as session:
             session.execute(text("SELECT 1"))
     except StoreUnavailable as error:
         return f"unavailable ({error})"
