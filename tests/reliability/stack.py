@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -29,6 +30,7 @@ from models.tables import Task, WebhookSource
 from models.workspaces import create_workspace
 from tests.e2e.conftest import (
     READY_TIMEOUT,
+    ROOT,
     Ingress,
     WorkerProcess,
     wait_until,
@@ -272,3 +274,18 @@ def tasks_by_external_id(sessions: sessionmaker[Session], workspace_id: int) -> 
 def database_view(url: str) -> tuple[Engine, sessionmaker[Session]]:
     engine = make_engine(url)
     return engine, make_session_factory(engine)
+
+
+def taskhook(database_url: str, broker_url: str, log, *args: str) -> subprocess.CompletedProcess:
+    """The real CLI, as an operator runs it (``python -m worker.cli`` is ``taskhook``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args],
+        cwd=ROOT,
+        env=worker_environment(database_url, broker_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    with log.open("a") as output:
+        output.write(f"$ taskhook {' '.join(args)}\n{done.stdout}{done.stderr}\n")
+    return done

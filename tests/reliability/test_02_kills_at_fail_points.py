@@ -46,9 +46,9 @@ from tests.reliability.stack import (
     database_view,
     kills_in,
     outcomes,
+    taskhook,
     tasks_by_external_id,
 )
-from tests.reliability.test_07_operator_release import taskhook
 from tests.reliability.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 from sqlalchemy import select
@@ -26,9 +25,9 @@ from models.db import session_scope
 from models.tables import Delivery as DeliveryRow
 from models.tables import IdentityRelease, Task
 from models.tasks import CreateHooks, NewTask, create_task
-from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
+from tests.e2e.conftest import finished, wait_until
 from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import add_tenant, database_view
+from tests.reliability.stack import add_tenant, database_view, taskhook
 from tests.reliability.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
@@ -40,21 +39,6 @@ REASON = "created by the import job that crashed on 2026-11-28; owner (dana) agr
 
 class CallerDied(Exception):
     pass
-
-
-def taskhook(database_url: str, broker_url: str, log, *args: str) -> subprocess.CompletedProcess:
-    """The real CLI, as an operator runs it (``python -m worker.cli`` is ``taskhook``)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
-        cwd=ROOT,
-        env=worker_environment(database_url, broker_url),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    with log.open("a") as output:
-        output.write(f"$ taskhook {' '.join(args)}\n{done.stdout}{done.stderr}\n")
-    return done
 
 
 def test_a_release_then_a_replay_makes_a_new_task_and_keeps_the_old_one(
