@@ -1,19 +1,47 @@
-"""What the ingress reads from a body: the identity and the draft it keeps on the row.
+"""What a delivery proven to come from its sender becomes on the inbox row.
 
+One reading for every way a delivery reaches the inbox: the webhook routes
+(``ingest.webhooks``) after the signature check, and the catch-up
+(``worker.catchup``) for a delivery fetched from the provider's own log.
 The providers themselves are ``models.providers`` (the ``Provider`` contract
 and the ``PROVIDERS`` registry), below both ``ingest`` and ``worker``.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from models.errors import InvalidExternalId, InvalidTask
 from models.external_id import normalize_external_id
-from models.providers import Provider
-from models.providers.drafts import UnsupportedPayload
+from models.inbox import DeliveryStatus, IncomingDelivery
+from models.providers import Provider, ignored_reason
+from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
+from models.sources import VerifyingSource
 from models.tasks import NewTask, validated_new_task
+
+#: Column sizes of the inbox row (models.tables.Delivery).
+EVENT_LENGTH, ACTION_LENGTH, CONTENT_TYPE_LENGTH, HOOK_ID_LENGTH = 200, 100, 200, 64
+#: The longest delivery id taken. GitHub's GUIDs have 36 characters, Jira's
+#: identifiers a dozen digits, and a Jira body hash (``sha256:``...) 71.
+DELIVERY_ID_LENGTH = 200
+#: Printable ASCII, no space: header bytes are read as latin-1, so anything
+#: else would be stored garbled rather than as sent.
+_DELIVERY_ID = re.compile(f"[\\x21-\\x7e]{{1,{DELIVERY_ID_LENGTH}}}")
+
+
+class Refusal(Exception):
+    """A delivery we will not take, with the status and the reason to answer."""
+
+    def __init__(self, status: int, reason: str, result: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        #: The metrics label: what happened to the delivery.
+        self.result = result
 
 
 @dataclass(frozen=True)
@@ -57,3 +85,102 @@ def read_delivery(
     except InvalidTask:
         return Reading(external_id)
     return Reading(external_id, task)
+
+
+def check_delivery_id(provider: Provider, delivery_id: str) -> None:
+    """Refuse a delivery id the inbox cannot keep as sent (400)."""
+    if not _DELIVERY_ID.fullmatch(delivery_id):
+        # GitHub's are GUIDs, Jira's numbers: anything else is not theirs, and
+        # a value the unique index cannot hold must not become a "retry later".
+        raise Refusal(
+            400,
+            f"invalid {provider.delivery_header} header: at most {DELIVERY_ID_LENGTH} "
+            "printable ASCII characters",
+            "bad_request",
+        )
+
+
+def incoming_delivery(
+    provider: Provider,
+    source: VerifyingSource,
+    *,
+    delivery_id: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    body_sha256: str,
+    kept_headers: Mapping[str, str],
+    max_age_seconds: float,
+) -> tuple[IncomingDelivery, bool]:
+    """The inbox row for a delivery of ``source`` proven to come from its
+    sender, and whether its event is one the provider knows (handled or
+    known-ignored). Raises :class:`Refusal` for what the inbox must not take:
+    a body the provider cannot decode (415, 400), no event (400), fields the
+    row cannot hold, a body older than any retry of its sender (400).
+    ``headers`` is case-insensitive (Starlette's or httpx's)."""
+    content_type = headers.get("content-type")
+    try:
+        payload = provider.decode_body(content_type, body)
+    except UnsupportedContentType as error:
+        raise Refusal(415, str(error), "unsupported_media_type") from None
+    except UnsupportedPayload as error:
+        raise Refusal(400, str(error), "bad_request") from None
+
+    event = provider.event_of(headers, payload)
+    if event is None:
+        raise Refusal(400, "the delivery names no event", "bad_request")
+    # The inbox row must be able to hold what it keeps: a field it cannot
+    # store is the sender's mistake (a 4xx), never a "retry later".
+    if not _storable(event, EVENT_LENGTH):
+        raise Refusal(
+            400, f"unsupported event name (at most {EVENT_LENGTH} characters)", "bad_request"
+        )
+    if not _storable(content_type, CONTENT_TYPE_LENGTH):
+        raise Refusal(415, "unsupported content type", "unsupported_media_type")
+    # A body that says when it was sent (Jira's) is refused once it is older
+    # than any retry of its sender: a captured body cannot be replayed for ever.
+    sent_at = provider.sent_at(payload)
+    if max_age_seconds and sent_at is not None and (age := time.time() - sent_at) > max_age_seconds:
+        raise Refusal(
+            400,
+            f"the delivery was sent {age / 3600:.0f} h ago; at most {max_age_seconds / 3600:g} h "
+            "is taken (TASKHOOK_MAX_DELIVERY_AGE_SECONDS)",
+            "too_old",
+        )
+
+    known = event in provider.handled_events or event in provider.ignored_events
+    if event in source.create_events:
+        status, reason = DeliveryStatus.QUEUED, None
+        reading = read_delivery(provider, event, payload, source.site_url)
+    else:
+        status, reason = DeliveryStatus.IGNORED, ignored_reason(provider, event)
+        reading = NOTHING_READ
+    action = provider.action_of(payload)
+    hook_id = provider.hook_id(headers)
+    incoming = IncomingDelivery(
+        source_id=source.id,
+        delivery_id=delivery_id,
+        body=body,
+        body_sha256=body_sha256,
+        event=event,
+        # Informational fields: kept when storable, dropped otherwise.
+        action=action if _storable(action, ACTION_LENGTH) else None,
+        headers=kept_headers,
+        content_type=content_type,
+        hook_id=hook_id if _storable(hook_id, HOOK_ID_LENGTH) else None,
+        status=status,
+        status_reason=reason,
+        external_id=reading.external_id,
+        task=reading.task,
+    )
+    return incoming, known
+
+
+def _storable(value: object, length: int) -> bool:
+    """A string the inbox can hold: within ``length``, no NUL, valid Unicode."""
+    if not isinstance(value, str) or len(value) > length or "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True

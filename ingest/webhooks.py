@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from tempfile import SpooledTemporaryFile
 
@@ -41,12 +40,11 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ingest.adapters import NOTHING_READ, read_delivery
+from ingest.adapters import Refusal, check_delivery_id, incoming_delivery
 from ingest.runtime import IngressRuntime, StoreUnavailable
 from ingest.schemas import ErrorBody
-from models.inbox import DeliveryStatus, IncomingDelivery
-from models.providers import PROVIDERS, Provider, Verifier, ignored_reason
-from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
+from models.inbox import DeliveryStatus
+from models.providers import PROVIDERS, Provider, Verifier
 
 #: The request headers every provider's deliveries keep, besides the provider's
 #: own (``Provider.kept_headers``): never a signature or credentials.
@@ -57,17 +55,6 @@ _DUPLICATE = b'{"status":"duplicate"}'
 _UNNAMED_RESULTS = ("unknown_source", "store_unavailable")
 _IGNORED = b'{"status":"ignored"}'
 _STORE_UNAVAILABLE = b'{"error":"the delivery store is unavailable; retry later"}'
-
-
-class Refusal(Exception):
-    """A delivery we will not take, with the status and the reason to answer."""
-
-    def __init__(self, status: int, reason: str, result: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        #: The metrics label: what happened to the delivery.
-        self.result = result
 
 
 class WebhookRoute:
@@ -178,15 +165,7 @@ async def _verify_and_store(
     delivery_id = provider.delivery_id(headers, body)
     if delivery_id is None:
         raise Refusal(400, f"missing {provider.delivery_header} header", "bad_request")
-    if not _DELIVERY_ID.fullmatch(delivery_id):
-        # GitHub's are GUIDs, Jira's numbers: anything else is not theirs, and
-        # a value the unique index cannot hold must not become a "retry later".
-        raise Refusal(
-            400,
-            f"invalid {provider.delivery_header} header: at most {DELIVERY_ID_LENGTH} "
-            "printable ASCII characters",
-            "bad_request",
-        )
+    check_delivery_id(provider, delivery_id)
 
     # The body and the one header the event may come from: the same bytes
     # and the same event header pass every guard below exactly as before.
@@ -199,60 +178,15 @@ async def _verify_and_store(
         # database -- the cheap path a redelivery storm takes.
         return 202, _DUPLICATE, "duplicate"
 
-    content_type = headers.get("content-type")
-    try:
-        payload = provider.decode_body(content_type, body)
-    except UnsupportedContentType as error:
-        raise Refusal(415, str(error), "unsupported_media_type") from None
-    except UnsupportedPayload as error:
-        raise Refusal(400, str(error), "bad_request") from None
-
-    event = provider.event_of(headers, payload)
-    if event is None:
-        raise Refusal(400, "the delivery names no event", "bad_request")
-    # The inbox row must be able to hold what it keeps: a field it cannot
-    # store is the sender's mistake (a 4xx), never a "retry later".
-    if not _storable(event, EVENT_LENGTH):
-        raise Refusal(
-            400, f"unsupported event name (at most {EVENT_LENGTH} characters)", "bad_request"
-        )
-    if not _storable(content_type, CONTENT_TYPE_LENGTH):
-        raise Refusal(415, "unsupported content type", "unsupported_media_type")
-    # A body that says when it was sent (Jira's) is refused once it is older
-    # than any retry of its sender: a captured body cannot be replayed for ever.
-    max_age = runtime.settings.max_delivery_age_seconds
-    sent_at = provider.sent_at(payload)
-    if max_age and sent_at is not None and (age := time.time() - sent_at) > max_age:
-        raise Refusal(
-            400,
-            f"the delivery was sent {age / 3600:.0f} h ago; at most {max_age / 3600:g} h "
-            "is taken (TASKHOOK_MAX_DELIVERY_AGE_SECONDS)",
-            "too_old",
-        )
-
-    known = event in provider.handled_events or event in provider.ignored_events
-    if event in source.create_events:
-        status, reason = DeliveryStatus.QUEUED, None
-        reading = read_delivery(provider, event, payload, source.site_url)
-    else:
-        status, reason = DeliveryStatus.IGNORED, ignored_reason(provider, event)
-        reading = NOTHING_READ
-    action = provider.action_of(payload)
-    incoming = IncomingDelivery(
-        source_id=source.id,
+    incoming, known = incoming_delivery(
+        provider,
+        source,
         delivery_id=delivery_id,
+        headers=headers,
         body=body,
         body_sha256=body_sha256,
-        event=event,
-        # Informational fields: kept when storable, dropped otherwise.
-        action=action if _storable(action, ACTION_LENGTH) else None,
-        headers=_kept_headers(headers, kept_raw),
-        content_type=content_type,
-        hook_id=hook_id if _storable(hook_id := provider.hook_id(headers), 64) else None,
-        status=status,
-        status_reason=reason,
-        external_id=reading.external_id,
-        task=reading.task,
+        kept_headers=_kept_headers(headers, kept_raw),
+        max_age_seconds=runtime.settings.max_delivery_age_seconds,
     )
     recorded = await runtime.record_delivery(incoming)
     if recorded.payload_mismatch:
@@ -368,27 +302,6 @@ def _error(reason: str) -> bytes:
     return json.dumps(
         {"error": reason}, ensure_ascii=False, allow_nan=False, separators=(",", ":")
     ).encode("utf-8")
-
-
-#: Column sizes of the inbox row (models.tables.Delivery).
-EVENT_LENGTH, ACTION_LENGTH, CONTENT_TYPE_LENGTH = 200, 100, 200
-#: The longest delivery id taken. GitHub's GUIDs have 36 characters, Jira's
-#: identifiers a dozen digits, and a Jira body hash (``sha256:``...) 71.
-DELIVERY_ID_LENGTH = 200
-#: Printable ASCII, no space: header bytes are read as latin-1, so anything
-#: else would be stored garbled rather than as sent.
-_DELIVERY_ID = re.compile(f"[\\x21-\\x7e]{{1,{DELIVERY_ID_LENGTH}}}")
-
-
-def _storable(value: object, length: int) -> bool:
-    """A string the inbox can hold: within ``length``, no NUL, valid Unicode."""
-    if not isinstance(value, str) or len(value) > length or "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return True
 
 
 def _kept_headers(headers: Headers, kept_raw: tuple[bytes, ...]) -> dict[str, str]:
