@@ -42,6 +42,9 @@ from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
 from models.tables import Delivery, Task, sql_constant, utcnow
 from models.tasks import InsertFence, NewTask
 
+#: ``deliveries.origin`` of a delivery its sender posted to the ingress.
+WEBHOOK_ORIGIN = "webhook"
+
 
 class DeliveryStatus(enum.StrEnum):
     QUEUED = "queued"
@@ -107,6 +110,8 @@ class IncomingDelivery:
     #: The task the body describes, validated, if the ingress read one the
     #: worker can create as it stands (``ingest.adapters.read_delivery``).
     task: NewTask | None = None
+    #: How it reached the inbox (``models.tables.Delivery.origin``).
+    origin: str = WEBHOOK_ORIGIN
 
     def __post_init__(self) -> None:
         if not self.body_sha256:
@@ -174,6 +179,7 @@ def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
         "attempts": 0,
         "payload_mismatches": 0,
         "external_id": incoming.external_id,
+        "origin": incoming.origin,
         **_draft_columns(incoming.task),
     }
 
@@ -190,16 +196,19 @@ def _draft_columns(task: NewTask | None) -> dict[str, str | None]:
 
 
 def stored_duplicate(
-    incoming: IncomingDelivery, pk: int, body_sha256: str, status: str
+    incoming: IncomingDelivery, pk: int, body_sha256: str, status: str, origin: str
 ) -> Recorded:
     """What a delivery under an id already stored is: the stored row answers
     (its own status), and a body that differs is a payload mismatch, counted
-    by the caller with the ``count_mismatch`` statement."""
+    by the caller with the ``count_mismatch`` statement -- unless the stored
+    row was recovered by the catch-up, whose body is rebuilt from the JSON
+    the provider's log kept and so never the bytes the sender signed: the
+    sender's own delivery under that id is the same delivery, a duplicate."""
     return Recorded(
         pk=pk,
         is_new=False,
         status=DeliveryStatus(status),
-        payload_mismatch=body_sha256 != incoming.body_sha256,
+        payload_mismatch=body_sha256 != incoming.body_sha256 and origin == WEBHOOK_ORIGIN,
     )
 
 
@@ -254,6 +263,7 @@ _INSERTED_COLUMNS = (
     "attempts",
     "payload_mismatches",
     "external_id",
+    "origin",
     *DRAFT_COLUMNS,
 )
 
@@ -309,7 +319,9 @@ def _insert_statement(dialect: str):
     )
 
 
-_STORED_DELIVERY = select(Delivery.id, Delivery.body_sha256, Delivery.status).where(
+_STORED_DELIVERY = select(
+    Delivery.id, Delivery.body_sha256, Delivery.status, Delivery.origin
+).where(
     Delivery.source_id == bindparam("source_id"),
     Delivery.delivery_id == bindparam("delivery_id"),
 )

@@ -14,5 +14,9 @@ PROCESS_DELIVERY = "taskhook.process_delivery"
 PROCESS_DELIVERIES = "taskhook.process_deliveries"
 #: sweep() from beat, on the deliveries queue.
 SWEEP = "taskhook.sweep"
+#: catch_up() from beat, on the operator queue: every source with access to
+#: its provider's delivery log is caught up (worker.catchup). Not on the
+#: deliveries queue: it waits on GitHub's API, and on its rate limits.
+CATCH_UP = "taskhook.catch_up"
 #: release_identity(workspace_id, external_id, operator, reason) on the operator queue.
 RELEASE_IDENTITY = "taskhook.release_identity"

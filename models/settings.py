@@ -191,6 +191,12 @@ class Settings(BaseSettings):
         default=10, ge=0, description="Retries on database errors before a delivery is dead."
     )
     sweep_interval_seconds: float = Field(default=30.0, gt=0)
+    catchup_interval_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How often beat catches up every source with access to its provider's "
+        "delivery log (taskhook source catch-up); 0 turns it off.",
+    )
     queued_grace_seconds: float = Field(
         default=60.0,
         gt=0,

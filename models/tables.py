@@ -229,6 +229,54 @@ class SourceSecret(Base):
     retired_at: Mapped[datetime | None]
 
 
+class CatchUpSource(Base):
+    """Where a source's catch-up reads the provider's log of its deliveries,
+    and with which credential (``taskhook sources catch-up``). The token is
+    a credential like a signing secret: stored as given, because the API
+    needs it, and never shown again after it is set, nor logged."""
+
+    __tablename__ = "catchup_sources"
+
+    source_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_sources.id", ondelete="CASCADE"), primary_key=True
+    )
+    #: ``https://api.github.com``, or ``https://HOST/api/v3`` for GitHub
+    #: Enterprise Server.
+    api_base_url: Mapped[str] = mapped_column(Text)
+    #: Whose hook: ``repos/OWNER/REPO`` or ``orgs/ORG``.
+    target: Mapped[str] = mapped_column(String(300))
+    #: The hook's id; None: the newest ``X-GitHub-Hook-ID`` the inbox kept.
+    hook_id: Mapped[str | None] = mapped_column(String(64))
+    token: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CatchUpRun(Base):
+    """One catch-up of a source: what it read, what it recovered, and up to
+    when the log is covered (set only when the run read its whole window,
+    so an interrupted run is read again from the same point)."""
+
+    __tablename__ = "catchup_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_sources.id", ondelete="CASCADE"), index=True
+    )
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    #: The window read: attempts delivered from ``since`` to ``covered_until``.
+    since: Mapped[datetime]
+    covered_until: Mapped[datetime | None]
+    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: Attempts listed, distinct deliveries (guids) among them, create
+    #: deliveries the inbox did not hold, and those stored (or redelivered).
+    attempts_listed: Mapped[int] = mapped_column(Integer, default=0)
+    deliveries_listed: Mapped[int] = mapped_column(Integer, default=0)
+    missed: Mapped[int] = mapped_column(Integer, default=0)
+    recovered: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
 class Delivery(Base):
     """The durable inbox: one row per (source, provider delivery id), body byte-exact.
 
@@ -302,6 +350,10 @@ class Delivery(Base):
     draft_description: Mapped[str | None] = mapped_column(Text)
     draft_url: Mapped[str | None] = mapped_column(Text)
     draft_remote_key: Mapped[str | None] = mapped_column(Text)
+    #: How the delivery reached the inbox: ``webhook`` (its sender posted it),
+    #: ``catch-up`` (fetched from the provider's delivery log after the sender
+    #: failed to get it through: worker.catchup).
+    origin: Mapped[str] = mapped_column(String(16), server_default=text("'webhook'"))
 
 
 class ApiToken(Base):

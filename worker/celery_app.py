@@ -29,6 +29,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_process_shutdown
 
 from models.messages import (
+    CATCH_UP,
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
     PROCESS_DELIVERIES,
@@ -40,7 +41,7 @@ from models.settings import Settings, get_settings
 from worker import runtime
 
 #: The modules whose tasks a worker registers (imported by the worker, not here).
-TASK_MODULES = ("worker.tasks", "worker.operator")
+TASK_MODULES = ("worker.tasks", "worker.operator", "worker.catchup.tasks")
 
 #: Every message by name to its queue. Senders may not have the task imported
 #: (the ingress, the CLI), so routing is by name.
@@ -49,7 +50,27 @@ TASK_ROUTES = {
     PROCESS_DELIVERIES: {"queue": DELIVERIES_QUEUE},
     SWEEP: {"queue": DELIVERIES_QUEUE},
     RELEASE_IDENTITY: {"queue": OPERATOR_QUEUE},
+    CATCH_UP: {"queue": OPERATOR_QUEUE},
 }
+
+
+def _beat_schedule(settings: Settings) -> dict[str, Any]:
+    schedule: dict[str, Any] = {
+        "sweep-the-inbox": {
+            "task": SWEEP,
+            "schedule": settings.sweep_interval_seconds,
+            # A sweep that waited a whole interval in the queue is stale:
+            # the next one is already on its way.
+            "options": {"expires": settings.sweep_interval_seconds},
+        }
+    }
+    if settings.catchup_interval_seconds > 0:
+        schedule["catch-up-from-delivery-logs"] = {
+            "task": CATCH_UP,
+            "schedule": settings.catchup_interval_seconds,
+            "options": {"expires": settings.catchup_interval_seconds},
+        }
+    return schedule
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -86,15 +107,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_soft_time_limit": time_limit * 0.9,
         "task_routes": TASK_ROUTES,
         "task_default_queue": DELIVERIES_QUEUE,
-        "beat_schedule": {
-            "sweep-the-inbox": {
-                "task": SWEEP,
-                "schedule": settings.sweep_interval_seconds,
-                # A sweep that waited a whole interval in the queue is stale:
-                # the next one is already on its way.
-                "options": {"expires": settings.sweep_interval_seconds},
-            }
-        },
+        "beat_schedule": _beat_schedule(settings),
         "enable_utc": True,
         "timezone": "UTC",
     }

@@ -25,9 +25,10 @@ Layout: ``runtime`` (settings, engine, sessions; the errors and the root
 group's error translation), ``output`` (``--json``, tables, fields), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
 lookup, explain, release), ``deliveries`` (list, show, replay, stats),
-``tokens``, ``demo`` (a workspace to try, signed samples to send it), ``mcp``
-(the MCP server on stdio), ``start`` (the Procfile's processes, as
-``scripts/run`` starts them).
+``catchup`` (recover deliveries from a provider's delivery log), ``tokens``,
+``demo`` (a workspace to try, signed samples to send it), ``mcp`` (the MCP
+server on stdio), ``start`` (the Procfile's processes, as ``scripts/run``
+starts them).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import click
 
+from worker.cli.catchup import catch_up
 from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
 from worker.cli.demo import demo
@@ -85,6 +87,7 @@ for _command in (
     release,
     deliveries,
     stats,
+    catch_up,
     token,
     demo,
     mcp,

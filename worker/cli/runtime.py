@@ -128,10 +128,15 @@ class CommandRuntime:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """One unit of work: commits when the block ends, rolls back on error."""
+        with session_scope(self.sessions) as session:
+            yield session
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        """The session factory, for a command that opens several units of work."""
         if self._sessions is None:
             self._sessions = make_session_factory(self.engine)
-        with session_scope(self._sessions) as session:
-            yield session
+        return self._sessions
 
     def close(self) -> None:
         if self._engine is not None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import secrets
+import sys
 from dataclasses import asdict
 from urllib.parse import urlsplit
 
 import click
 from sqlalchemy.exc import IntegrityError
 
+from models.catchup import GITHUB_API, set_log_access
 from models.providers import PROVIDERS as REGISTRY
 from models.reports import get_workspace, list_source_summaries
 from models.settings import Settings
@@ -257,3 +259,61 @@ def source_rotate_secret(
     if generated:
         _print_secret_once(secret, provider)
     click.echo(f"Then: taskhook source rotate-secret {name} --finish")
+
+
+@source.command("catch-up")
+@click.argument("name")
+@click.option("--repo", "repo", default=None, help="The hook is this repository's: OWNER/REPO.")
+@click.option("--org", "org", default=None, help="The hook is this organization's: ORG.")
+@click.option(
+    "--hook-id",
+    default=None,
+    help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID).",
+)
+@click.option(
+    "--api-url",
+    default=GITHUB_API,
+    show_default=True,
+    help="GitHub's API; https://HOST/api/v3 for GitHub Enterprise Server.",
+)
+@click.option(
+    "--token-stdin",
+    is_flag=True,
+    help="Read the token from standard input instead of prompting for it.",
+)
+@json_option
+@pass_runtime
+def source_catch_up(
+    runtime: CommandRuntime,
+    name: str,
+    repo: str | None,
+    org: str | None,
+    hook_id: str | None,
+    api_url: str,
+    token_stdin: bool,
+    as_json: bool,
+) -> None:
+    """Let GitHub source NAME be caught up from its hook's delivery log.
+
+    The token (a fine-grained token with read access to the repository's or
+    organization's webhooks) is asked for without echo, or read from stdin;
+    it is never shown again. Then: taskhook catch-up github --source NAME
+    """
+    if (repo is None) == (org is None):
+        raise click.UsageError("name the hook's owner: --repo OWNER/REPO or --org ORG")
+    target = f"repos/{repo}" if repo is not None else f"orgs/{org}"
+    token = sys.stdin.readline() if token_stdin else click.prompt("Token", hide_input=True)
+    with runtime.session() as session:
+        set_log_access(
+            session=session,
+            slug=name,
+            target=target,
+            token=token,
+            hook_id=hook_id,
+            api_base_url=api_url,
+        )
+    if as_json:
+        emit_json({"source": name, "target": target, "hook_id": hook_id, "api_url": api_url})
+        return
+    click.echo(f"{name} can be caught up from {target}'s hook log at {api_url}.")
+    click.echo(f"Then: taskhook catch-up github --source {name} --dry-run")

@@ -1,0 +1,168 @@
+"""What the catch-up keeps: where a source's delivery log is read, and each run.
+
+GitHub never redelivers a delivery our ingress failed to take; it keeps a log
+of them for 3 days (7 on Enterprise Server). A source configured here can be
+caught up from that log (``worker.catchup``); each run is recorded, and the
+last complete one is the cursor the next starts from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from sqlalchemy import desc, select
+from sqlalchemy.orm import Session
+
+from models.errors import InvalidSource, SourceNotFound
+from models.tables import CatchUpRun, CatchUpSource, Delivery, WebhookSource, utcnow
+
+GITHUB_API = "https://api.github.com"
+#: How long GitHub keeps a hook's deliveries (7 days on Enterprise Server):
+#: how far back a source's first catch-up reads.
+GITHUB_LOG_RETENTION = timedelta(days=3)
+#: Read again from a little before the last run's end: an attempt GitHub
+#: logged just before that run listed may appear in the log a moment late.
+CURSOR_OVERLAP = timedelta(minutes=10)
+
+_OWNER = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})"
+_TARGET = re.compile(rf"repos/{_OWNER}/[A-Za-z0-9._-]{{1,100}}|orgs/{_OWNER}")
+_HOOK_ID = re.compile(r"[0-9]{1,20}")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Where one source's log is read. ``token`` is a credential: never shown."""
+
+    source_id: int
+    slug: str
+    api_base_url: str
+    #: ``repos/OWNER/REPO/hooks/ID`` or ``orgs/ORG/hooks/ID``.
+    hook_path: str
+    token: str
+
+    def __repr__(self) -> str:
+        return f"LogSettings(source={self.slug!r}, hook_path={self.hook_path!r}, token=<hidden>)"
+
+
+def set_log_access(
+    *,
+    session: Session,
+    slug: str,
+    target: str,
+    token: str,
+    hook_id: str | None = None,
+    api_base_url: str = GITHUB_API,
+) -> CatchUpSource:
+    """Let source ``slug`` (a GitHub source) be caught up from its hook's log:
+    ``target`` is the hook's owner, ``repos/OWNER/REPO`` or ``orgs/ORG``.
+    Raises :class:`SourceNotFound`, or :class:`InvalidSource` naming what is
+    wrong with a value."""
+    source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
+    if source is None:
+        raise SourceNotFound(f"source {slug!r} not found")
+    if source.provider != "github":
+        raise InvalidSource(
+            f"source {slug!r} is a {source.provider} source; only GitHub keeps a delivery log"
+        )
+    if not _TARGET.fullmatch(target):
+        raise InvalidSource(
+            f"the hook's owner must be repos/OWNER/REPO or orgs/ORG, not {target!r}"
+        )
+    if hook_id is not None and not _HOOK_ID.fullmatch(hook_id):
+        raise InvalidSource(f"a hook id is a number, not {hook_id!r}")
+    if not token.strip() or any(c.isspace() for c in token.strip()):
+        raise InvalidSource("the token must be one word, without spaces")
+    parts = urlsplit(api_base_url)
+    if parts.scheme not in ("https", "http") or not parts.netloc or parts.query or parts.fragment:
+        raise InvalidSource(f"the API base URL must be an http(s) URL, not {api_base_url!r}")
+    access = session.get(CatchUpSource, source.id) or CatchUpSource(source_id=source.id)
+    access.target = target
+    access.hook_id = hook_id
+    access.token = token.strip()
+    access.api_base_url = api_base_url.rstrip("/")
+    access.updated_at = utcnow()
+    session.add(access)
+    session.flush()
+    return access
+
+
+def log_settings(*, session: Session, slug: str) -> LogSettings:
+    """Where source ``slug``'s log is read. The hook id, when not configured,
+    is the newest ``X-GitHub-Hook-ID`` the inbox kept for the source. Raises
+    :class:`SourceNotFound` or :class:`InvalidSource` saying what to set."""
+    row = session.execute(
+        select(WebhookSource, CatchUpSource)
+        .outerjoin(CatchUpSource, CatchUpSource.source_id == WebhookSource.id)
+        .where(WebhookSource.slug == slug)
+    ).first()
+    if row is None:
+        raise SourceNotFound(f"source {slug!r} not found")
+    source, access = row
+    if access is None:
+        raise InvalidSource(
+            f"source {slug!r} has no access to its delivery log: "
+            f"taskhook source catch-up {slug} --repo OWNER/REPO (or --org ORG)"
+        )
+    hook_id = access.hook_id or session.scalar(
+        select(Delivery.hook_id)
+        .where(Delivery.source_id == source.id, Delivery.hook_id.is_not(None))
+        .order_by(desc(Delivery.id))
+        .limit(1)
+    )
+    if hook_id is None:
+        raise InvalidSource(
+            f"source {slug!r}: no delivery has named its hook yet; "
+            f"taskhook source catch-up {slug} ... --hook-id ID"
+        )
+    return LogSettings(
+        source_id=source.id,
+        slug=slug,
+        api_base_url=access.api_base_url,
+        hook_path=f"{access.target}/hooks/{hook_id}",
+        token=access.token,
+    )
+
+
+def window_start(*, session: Session, source_id: int, now: datetime) -> datetime:
+    """Where a run without ``--since`` starts: a little before the end of the
+    last complete run, or as far back as GitHub keeps deliveries."""
+    covered = session.scalar(
+        select(CatchUpRun.covered_until)
+        .where(CatchUpRun.source_id == source_id, CatchUpRun.covered_until.is_not(None))
+        .order_by(desc(CatchUpRun.covered_until))
+        .limit(1)
+    )
+    earliest = now - GITHUB_LOG_RETENTION
+    if covered is None:
+        return earliest
+    return max(earliest, covered - CURSOR_OVERLAP)
+
+
+def known_delivery_ids(*, session: Session, source_id: int, delivery_ids: list[str]) -> set[str]:
+    """Which of ``delivery_ids`` the inbox holds for the source."""
+    known: set[str] = set()
+    for start in range(0, len(delivery_ids), 500):
+        chunk = delivery_ids[start : start + 500]
+        known.update(
+            session.scalars(
+                select(Delivery.delivery_id).where(
+                    Delivery.source_id == source_id, Delivery.delivery_id.in_(chunk)
+                )
+            )
+        )
+    return known
+
+
+def sources_with_log_access(*, session: Session) -> list[str]:
+    """The enabled sources a catch-up can read the log of, by slug."""
+    return list(
+        session.scalars(
+            select(WebhookSource.slug)
+            .join(CatchUpSource, CatchUpSource.source_id == WebhookSource.id)
+            .where(WebhookSource.enabled.is_(True))
+            .order_by(WebhookSource.slug)
+        )
+    )

@@ -1,0 +1,1 @@
+"""Real servers that stand in for third-party services in tests (no mocks)."""

@@ -1,0 +1,216 @@
+"""Catch-up from GitHub's delivery log, against a local server that speaks
+GitHub's API (tests/fakes/github_api.py), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from models.catchup import set_log_access
+from models.db import session_scope
+from models.errors import InvalidSource
+from models.tables import CatchUpRun, Delivery, Workspace, utcnow
+from tests.conftest import Store
+from tests.deliveries import FIXTURES
+from tests.fakes.github_api import FakeGitHub
+from tests.integration.scenarios import a_source
+from tests.integration.worker.feeds import tasks_of
+from tests.integration.worker.runs import run
+from worker.catchup.github_log import BadCredentials, RateLimited
+from worker.catchup.service import catch_up_github
+
+TOKEN = "ghp_catchup_token_never_shown"
+HOOK = "repos/acme/widgets/hooks/123"
+OPENED = json.loads((FIXTURES / "github" / "issues__opened.json").read_text())
+
+
+def issue_opened(number: int) -> dict:
+    payload = copy.deepcopy(OPENED)
+    payload["issue"]["number"] = number
+    payload["issue"]["title"] = f"Issue {number} opened while the ingress was down"
+    return payload
+
+
+@pytest.fixture
+def github():
+    with FakeGitHub(token=TOKEN) as fake:
+        yield fake
+
+
+@pytest.fixture
+def source(store: Store, github: FakeGitHub) -> str:
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    with session_scope(store.sessions) as session:
+        set_log_access(
+            session=session,
+            slug="acme-github",
+            target="repos/acme/widgets",
+            hook_id="123",
+            token=TOKEN,
+            api_base_url=github.base_url,
+        )
+    return "acme-github"
+
+
+def workspace_id(store: Store) -> int:
+    with session_scope(store.sessions) as session:
+        return session.scalar(select(Workspace.id))
+
+
+def catch_up(store: Store, sent: list[int] | None = None, **options):
+    sent = [] if sent is None else sent
+    return catch_up_github(sessions=store.sessions, slug="acme-github", send=sent.append, **options)
+
+
+def failed_deliveries(github: FakeGitHub, count: int, *, first: int = 1) -> list[str]:
+    guids = []
+    for number in range(first, first + count):
+        guid = f"00000000-0000-4000-8000-{number:012d}"
+        github.log_delivery(
+            hook=HOOK,
+            guid=guid,
+            event="issues",
+            action="opened",
+            payload=issue_opened(number),
+            status_code=502,
+        )
+        guids.append(guid)
+    return guids
+
+
+def test_missed_creates_are_stored_once_and_become_tasks_once(
+    store: Store, github: FakeGitHub, source: str
+):
+    github.page_size_cap = 7  # several pages
+    guids = failed_deliveries(github, 20)
+    sent: list[int] = []
+
+    report = catch_up(store, sent)
+
+    assert sorted(report.missed) == sorted(guids)
+    assert len(report.recovered) == len(sent) == 20
+    for pk in sent:
+        assert run(store, pk).status.value == "done"
+    with session_scope(store.sessions) as session:
+        rows = session.scalars(select(Delivery)).all()
+        assert {row.delivery_id for row in rows} == set(guids)
+        assert {row.origin for row in rows} == {"catch-up"}
+    assert len(tasks_of(store.sessions, workspace_id(store))) == 20
+
+    again = catch_up(store, since=utcnow() - timedelta(days=1))
+    assert again.missed == [] and again.recovered == []
+    assert len(tasks_of(store.sessions, workspace_id(store))) == 20
+
+
+def test_a_delivery_that_got_through_on_redelivery_is_not_recovered(
+    store: Store, github: FakeGitHub, source: str
+):
+    (guid,) = failed_deliveries(github, 1)
+    # GitHub redelivered it and the ingress took it: the inbox holds the guid.
+    catch_up(store)  # stores it, as the ingress would have
+    github.log_delivery(
+        hook=HOOK,
+        guid=guid,
+        event="issues",
+        action="opened",
+        payload=issue_opened(1),
+        status_code=202,
+        redelivery=True,
+    )
+    report = catch_up(store, since=utcnow() - timedelta(hours=1))
+    assert report.missed == []
+
+
+def test_events_that_create_nothing_are_not_recovered(
+    store: Store, github: FakeGitHub, source: str
+):
+    github.log_delivery(
+        hook=HOOK,
+        guid="00000000-0000-4000-8000-00000000aaaa",
+        event="issues",
+        action="closed",
+        payload=issue_opened(5) | {"action": "closed"},
+        status_code=502,
+    )
+    assert catch_up(store).missed == []
+
+
+def test_a_dry_run_stores_nothing_and_moves_no_cursor(
+    store: Store, github: FakeGitHub, source: str
+):
+    guids = failed_deliveries(github, 3)
+    report = catch_up(store, dry_run=True)
+    assert sorted(report.missed) == sorted(guids) and report.recovered == []
+    with session_scope(store.sessions) as session:
+        assert session.scalars(select(Delivery)).all() == []
+        run_row = session.get(CatchUpRun, report.run_id)
+        assert run_row.covered_until is None and run_row.missed == 3
+
+
+def test_a_run_interrupted_halfway_then_run_again_misses_nothing_and_stores_nothing_twice(
+    store: Store, github: FakeGitHub, source: str
+):
+    github.page_size_cap = 5
+    guids = failed_deliveries(github, 12)
+    fetched: list[int] = []
+
+    class Interrupted(Exception):
+        pass
+
+    def send(pk: int) -> None:
+        fetched.append(pk)
+        if len(fetched) == 6:
+            raise Interrupted()
+
+    with pytest.raises(Interrupted):
+        catch_up_github(sessions=store.sessions, slug="acme-github", send=send)
+    with session_scope(store.sessions) as session:
+        assert len(session.scalars(select(Delivery)).all()) == 6
+        (interrupted,) = session.scalars(select(CatchUpRun)).all()
+        assert interrupted.covered_until is None and interrupted.error
+
+    again = catch_up(store)
+    assert len(again.recovered) == 6
+    with session_scope(store.sessions) as session:
+        assert sorted(session.scalars(select(Delivery.delivery_id))) == sorted(guids)
+
+
+def test_bad_credentials_are_one_clear_error_recorded_on_the_run(
+    store: Store, github: FakeGitHub, source: str
+):
+    with session_scope(store.sessions) as session:
+        set_log_access(
+            session=session,
+            slug="acme-github",
+            target="repos/acme/widgets",
+            hook_id="123",
+            token="ghp_wrong",
+            api_base_url=github.base_url,
+        )
+    with pytest.raises(BadCredentials) as refused:
+        catch_up(store)
+    assert "ghp_wrong" not in str(refused.value)
+    with session_scope(store.sessions) as session:
+        (run_row,) = session.scalars(select(CatchUpRun)).all()
+        assert run_row.error and "ghp_wrong" not in run_row.error
+
+
+def test_a_rate_limit_longer_than_the_budget_stops_the_run_cleanly(
+    store: Store, github: FakeGitHub, source: str
+):
+    failed_deliveries(github, 2)
+    github.rate_limit_next(1, retry_after=3600)
+    with pytest.raises(RateLimited):
+        catch_up(store)
+
+
+def test_a_source_without_log_access_says_how_to_give_it(store: Store):
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    with pytest.raises(InvalidSource, match="taskhook source catch-up acme-github --repo"):
+        catch_up(store)

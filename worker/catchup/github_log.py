@@ -1,0 +1,595 @@
+"""GitHub's webhook delivery log: list what GitHub sent, fetch one request, ask for a redelivery.
+
+GitHub never redelivers a failed delivery on its own. It keeps every attempt
+for 3 days (7 on GitHub Enterprise Server) and serves them through its REST
+API; :class:`DeliveryLog` reads that log for one webhook, and
+:func:`missed_creates` picks out of a listing the deliveries the inbox never
+stored.
+
+Provider documentation this module follows:
+
+- The deliveries of a repository, organization and app webhook (list, get,
+  redeliver): https://docs.github.com/en/rest/repos/webhooks#list-deliveries-for-a-repository-webhook,
+  https://docs.github.com/en/rest/orgs/webhooks#list-deliveries-for-an-organization-webhook and
+  https://docs.github.com/en/rest/apps/webhooks#list-deliveries-for-an-app-webhook (a JWT)
+- Pagination (``per_page``, ``cursor``, the ``Link`` header):
+  https://docs.github.com/en/rest/using-the-rest-api/using-pagination-in-the-rest-api
+- Rate limits (``Retry-After``, ``X-RateLimit-Remaining``/``-Reset``, "wait at
+  least one minute" when neither is said):
+  https://docs.github.com/en/rest/using-the-rest-api/rate-limits-for-the-rest-api
+- GitHub Enterprise Server: the same API under ``https://HOST/api/v3``.
+
+Every request carries the token; nothing this module raises, logs or prints
+does, and text GitHub sends back is scrubbed of it before it reaches a message.
+Every wait is bounded: a request is sent at most ``1 + retries`` times, and
+rate-limit waits share one budget per client (``max_wait_seconds``), so one
+catch-up run never waits longer than that for GitHub in all.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Self, TypeVar
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "2022-11-28"
+USER_AGENT = "taskhook-catch-up"
+#: GitHub's maximum: the fewest requests for a log.
+PAGE_SIZE = 100
+
+#: Where a hook's deliveries live below the API's base URL.
+_HOOK_PATH = re.compile(r"repos/[^/\s]+/[^/\s]+/hooks/\d+|orgs/[^/\s]+/hooks/\d+|app/hook")
+#: Visible ASCII: anything else would be refused by the HTTP library in an
+#: error that quotes the header, token included.
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+_FIRST_BACKOFF_SECONDS = 0.5  # doubled on each retry
+_MAX_BACKOFF_SECONDS = 8.0
+#: GitHub's advice when a rate-limited answer does not say how long to wait.
+_UNSAID_RATE_LIMIT_WAIT = 60.0
+#: X-RateLimit-Reset is in whole seconds: one more, so the window has reset on
+#: GitHub's clock too and the retry is not spent on a second refusal.
+_RESET_MARGIN_SECONDS = 1.0
+#: GitHub's windows last an hour; a longer figure is clamped so it stays a date.
+_LONGEST_RATE_LIMIT_WAIT = 86_400.0
+#: What of GitHub's own message an error quotes: enough to read, one line.
+_MAX_MESSAGE_CHARS = 200
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class LoggedAttempt:
+    """One attempt in GitHub's delivery log. A redelivery is a new attempt (its own
+    ``id``) of the same delivery: the same ``guid``, the ``X-GitHub-Delivery`` header."""
+
+    id: int
+    guid: str
+    delivered_at: datetime  # aware, UTC
+    redelivery: bool
+    #: What the receiver answered; GitHub logs 0 when it got no HTTP answer at all.
+    status_code: int
+    event: str
+    action: str | None
+
+    @property
+    def event_name(self) -> str:
+        """The event as the GitHub provider names it (``issues.opened``, ``ping``):
+        the names a source's ``create_events`` lists."""
+        return f"{self.event}.{self.action}" if self.action else self.event
+
+    @property
+    def succeeded(self) -> bool:
+        """The receiver answered 2xx."""
+        return 200 <= self.status_code < 300
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """What GitHub says it sent in one attempt: the headers and the decoded JSON body."""
+
+    attempt: LoggedAttempt
+    headers: dict[str, str]
+    payload: dict[str, Any]
+
+
+class CatchUpError(Exception):
+    """The delivery log could not be read. The message is one line and never holds the token."""
+
+
+class BadCredentials(CatchUpError):
+    """GitHub refused the token (401), or answered 404 for the hook itself, which is
+    how it answers a token that may not see the hook."""
+
+
+class Forbidden(BadCredentials):
+    """A 403 that is not a rate limit: the token is valid but lacks the permission.
+    A :class:`BadCredentials` because the fix is the same: another token."""
+
+
+class RateLimited(CatchUpError):
+    """GitHub's rate limit holds longer than this client may still wait (its wait
+    budget or its tries are spent); ``retry_at`` is when GitHub said it lifts."""
+
+    def __init__(self, message: str, *, retry_at: datetime) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
+class ApiUnavailable(CatchUpError):
+    """GitHub answered 5xx, or could not be reached, on every try."""
+
+
+class AttemptNotFound(CatchUpError):
+    """GitHub knows no such attempt: it left the log (3 days, 7 on Enterprise Server)."""
+
+
+class UnexpectedResponse(CatchUpError):
+    """GitHub answered something this client has no rule for: another status, or a
+    body that is not what the API documents."""
+
+
+class DeliveryLog:
+    """The delivery log of one webhook. ``hook_path`` is the hook below the API's base
+    URL: ``repos/acme/widgets/hooks/123``, ``orgs/acme/hooks/123`` or ``app/hook`` (the
+    last with a GitHub App's JWT as ``token``). ``api_base_url`` is
+    ``https://api.github.com``, or ``https://HOST/api/v3`` on Enterprise Server."""
+
+    def __init__(
+        self,
+        *,
+        api_base_url: str,
+        hook_path: str,
+        token: str,
+        timeout: float = 10.0,
+        retries: int = 3,
+        max_wait_seconds: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not _TOKEN.fullmatch(token):
+            raise ValueError("the GitHub token must be non-empty visible ASCII")
+        if retries < 0 or max_wait_seconds < 0:
+            raise ValueError("retries and max_wait_seconds must not be negative")
+        self._api_base = _api_base(api_base_url)
+        self._hook = _hook_path(hook_path)
+        self._token = token  # kept only to scrub it out of GitHub's messages
+        self._retries = retries
+        self._wait_budget = max_wait_seconds
+        self._waited = 0.0
+        self._sleep = sleep
+        self._clock = clock
+        self._client = httpx.Client(
+            headers={
+                "Accept": "application/vnd.github+json",
+                "X-GitHub-Api-Version": API_VERSION,
+                "Authorization": f"Bearer {token}",
+                "User-Agent": USER_AGENT,
+            },
+            timeout=timeout,
+            transport=transport,
+            # A redirect would turn the redelivery's POST into a GET; an answer
+            # to change hook_path is clearer than a request that silently moved.
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"<DeliveryLog {self._api_base}/{self._hook}>"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def attempts(self, *, since: datetime) -> Iterator[LoggedAttempt]:
+        """Newest first, page after page (``per_page=100``, the cursor from the ``Link``
+        header), stopping at the first attempt delivered before ``since`` (aware)."""
+        # Checked now, not at the first next(): the generator below starts late.
+        return self._attempts_since(_aware(since, "since"))
+
+    def _attempts_since(self, since: datetime) -> Iterator[LoggedAttempt]:
+        path, cursor, cursors_seen = f"{self._hook}/deliveries", None, set()
+        while True:
+            response = self._call("GET", path, params=_page_params(cursor), not_found=_hook_hidden)
+            for attempt in _page_attempts(response):
+                if attempt.delivered_at < since:
+                    return
+                yield attempt
+            cursor = _next_cursor(response)
+            if cursor is None:
+                return
+            if cursor in cursors_seen:  # a log that pages in a circle must not loop forever
+                raise UnexpectedResponse("GitHub's delivery log gave the same page cursor twice")
+            cursors_seen.add(cursor)
+
+    def request_of(self, attempt_id: int) -> LoggedRequest:
+        """The headers and JSON body GitHub sent in attempt ``attempt_id``."""
+        path = self._attempt_path(attempt_id)
+        response = self._call("GET", path, not_found=_attempt_gone(attempt_id))
+        return _logged_request(_json(response, f"GET {path}"), attempt_id)
+
+    def redeliver(self, attempt_id: int) -> None:
+        """Ask GitHub to send attempt ``attempt_id``'s delivery again (under its guid).
+
+        Retried like any request: if GitHub took a POST whose answer was lost, the
+        second redelivery carries the same guid, which the inbox stores once."""
+        self._call(
+            "POST",
+            f"{self._attempt_path(attempt_id)}/attempts",
+            not_found=_attempt_gone(attempt_id),
+        )
+
+    def _attempt_path(self, attempt_id: int) -> str:
+        # bool is an int; an attempt id is a positive int, never text spliced into a path.
+        if type(attempt_id) is not int or attempt_id <= 0:
+            raise ValueError(f"an attempt id is a positive integer, not {attempt_id!r}")
+        return f"{self._hook}/deliveries/{attempt_id}"
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        not_found: Callable[[str], CatchUpError],
+        params: dict[str, str | int] | None = None,
+    ) -> httpx.Response:
+        """GitHub's 2xx answer, after the retries and rate-limit waits this client allows."""
+        what = f"{method} {path}"
+        for tries in range(1, self._retries + 2):
+            out_of_tries = tries > self._retries
+            try:
+                response = self._client.request(method, f"{self._api_base}/{path}", params=params)
+            except httpx.TransportError as error:
+                reason = self._scrubbed(f"{type(error).__name__}: {error}")
+                if out_of_tries:
+                    raise ApiUnavailable(
+                        f"GitHub unreachable for {what} after {_tries(tries)} ({reason})"
+                    ) from error
+                self._back_off(tries, what, reason)
+                continue
+            if response.is_success:
+                return response
+            if response.is_server_error:
+                if out_of_tries:
+                    raise ApiUnavailable(
+                        f"GitHub answered {response.status_code} to {what} "
+                        f"on each of {_tries(tries)}"
+                    )
+                self._back_off(tries, what, f"HTTP {response.status_code}")
+                continue
+            now = self._clock()
+            wait = _rate_limit_wait(response, now=now)
+            if wait is None:
+                raise self._refusal(response, what, not_found)
+            self._wait_out_rate_limit(wait, what, now=now, tries=tries)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _back_off(self, tries: int, what: str, reason: str) -> None:
+        delay = min(_FIRST_BACKOFF_SECONDS * 2 ** (tries - 1), _MAX_BACKOFF_SECONDS)
+        log.warning("%s from GitHub on %s; retrying in %.1fs", reason, what, delay)
+        self._sleep(delay)
+
+    def _wait_out_rate_limit(self, wait: float, what: str, *, now: float, tries: int) -> None:
+        retry_at = datetime.fromtimestamp(now + wait, UTC)
+        left = self._wait_budget - self._waited
+        if tries > self._retries or wait > left:
+            why = (
+                f"still limited after {_tries(tries)}"
+                if tries > self._retries
+                else f"waiting {wait:.0f}s would exceed the {left:.0f}s left of the wait budget"
+            )
+            raise RateLimited(
+                f"GitHub's rate limit holds {what} until {_iso(retry_at)} ({why})",
+                retry_at=retry_at,
+            )
+        log.warning(
+            "GitHub's rate limit on %s: waiting %.0fs, until %s", what, wait, _iso(retry_at)
+        )
+        self._waited += wait
+        self._sleep(wait)
+
+    def _refusal(
+        self, response: httpx.Response, what: str, not_found: Callable[[str], CatchUpError]
+    ) -> CatchUpError:
+        said = self._scrubbed(_github_message(response))
+        status = response.status_code
+        if status == 401:
+            return BadCredentials(
+                f"GitHub rejected the token for {what} (401 {said}): "
+                "it is wrong, expired or revoked"
+            )
+        if status == 403:
+            return Forbidden(
+                f"GitHub refused {what} (403 {said}): the token may not read this hook's "
+                "deliveries (it needs the 'Webhooks' permission of the repository or "
+                "organization, admin:repo_hook or admin:org_hook on a classic token, "
+                "or the App's JWT for app/hook)"
+            )
+        if status == 404:
+            return not_found(what)
+        if response.is_redirect:
+            return UnexpectedResponse(
+                f"GitHub answered {status} to {what}: the hook moved to {_moved_to(response)}; "
+                "update the hook path"
+            )
+        return UnexpectedResponse(f"GitHub answered {status} to {what}: {said}")
+
+    def _scrubbed(self, text: str) -> str:
+        return text.replace(self._token, "[token]")
+
+
+def missed_creates(
+    attempts: Iterable[LoggedAttempt],
+    *,
+    known_guids: AbstractSet[str] | Callable[[list[str]], AbstractSet[str]],
+    create_events: Container[str] | Callable[[str, str | None], bool],
+) -> list[LoggedAttempt]:
+    """For each create delivery the inbox does not hold, the one attempt to fetch;
+    the deliveries in the order GitHub first sent them, so tasks come in that order.
+
+    A delivery is its guid: every attempt of it, first or redelivery, carries the
+    same guid and the same request. ``create_events`` are the event names a
+    source lists (``issues.opened``), or a function of the log's ``event`` and
+    ``action``; ``known_guids`` is the inbox's answer, a set or a function from
+    the candidate guids to those of them it holds (asked once). The rule:
+
+    - a create delivery whose guid the inbox does not hold is recovered, whatever
+      its attempts' status: a 2xx for a guid the inbox lacks means the row was
+      lost or something else answered, and the create is missing either way;
+    - a guid the inbox holds is never recovered, whatever its attempts or its
+      row's state: the inbox has the delivery, and replaying a stored one is the
+      operator's call (``models.inbox.replay``), not the catch-up's;
+    - of a guid's attempts, the newest is the one to fetch: they all carry the same
+      request, and the newest is the last to leave GitHub's log.
+    """
+    by_guid: dict[str, list[LoggedAttempt]] = {}
+    for attempt in attempts:
+        by_guid.setdefault(attempt.guid, []).append(attempt)
+    creates = {
+        guid: group for guid, group in by_guid.items() if _creates(_newest(group), create_events)
+    }
+    held = _held(known_guids, list(creates))
+    missed = [group for guid, group in creates.items() if guid not in held]
+    missed.sort(key=lambda group: _sent_order(min(group, key=_sent_order)))
+    return [_newest(group) for group in missed]
+
+
+def _creates(
+    attempt: LoggedAttempt, create_events: Container[str] | Callable[[str, str | None], bool]
+) -> bool:
+    if callable(create_events):
+        return create_events(attempt.event, attempt.action)
+    return attempt.event_name in create_events
+
+
+def _newest(group: list[LoggedAttempt]) -> LoggedAttempt:
+    return max(group, key=_sent_order)
+
+
+def _sent_order(attempt: LoggedAttempt) -> tuple[datetime, int]:
+    # Attempt ids grow with time: they break a tie within one second.
+    return attempt.delivered_at, attempt.id
+
+
+def _held(
+    known_guids: AbstractSet[str] | Callable[[list[str]], AbstractSet[str]], guids: list[str]
+) -> AbstractSet[str]:
+    if isinstance(known_guids, AbstractSet):
+        return known_guids
+    return known_guids(guids) if guids else set()
+
+
+def _api_base(api_base_url: str) -> str:
+    base = api_base_url.strip().rstrip("/")
+    url = httpx.URL(base)
+    if url.scheme not in ("https", "http") or not url.host or url.query or url.fragment:
+        raise ValueError(
+            "api_base_url is https://api.github.com, or https://HOST/api/v3 on Enterprise Server"
+        )
+    return base
+
+
+def _hook_path(hook_path: str) -> str:
+    path = hook_path.strip().strip("/")
+    if not _HOOK_PATH.fullmatch(path):
+        raise ValueError(
+            "hook_path is repos/OWNER/REPO/hooks/ID, orgs/ORG/hooks/ID or app/hook, "
+            f"not {hook_path!r}"
+        )
+    return path
+
+
+def _hook_hidden(what: str) -> CatchUpError:
+    return BadCredentials(
+        f"GitHub answered 404 to {what}: no such hook, or the token may not see it "
+        "(GitHub answers 404, not 403, to a token without access)"
+    )
+
+
+def _attempt_gone(attempt_id: int) -> Callable[[str], CatchUpError]:
+    def gone(what: str) -> CatchUpError:
+        return AttemptNotFound(
+            f"GitHub answered 404 to {what}: attempt {attempt_id} is no longer in the "
+            "delivery log (kept 3 days, 7 on Enterprise Server), or the token may not see it"
+        )
+
+    return gone
+
+
+def _page_params(cursor: str | None) -> dict[str, str | int]:
+    return {"per_page": PAGE_SIZE} if cursor is None else {"per_page": PAGE_SIZE, "cursor": cursor}
+
+
+def _next_cursor(response: httpx.Response) -> str | None:
+    # Only the cursor is taken from the Link: the next page is asked of the same
+    # endpoint, so the token never follows a link to another host (an Enterprise
+    # Server behind a proxy may name its own host there).
+    link = response.links.get("next")
+    if link is None:
+        return None
+    try:
+        cursor = httpx.URL(link.get("url", "")).params.get("cursor")
+    except httpx.InvalidURL:
+        cursor = None
+    if not cursor:
+        raise UnexpectedResponse("GitHub's Link header names a next page without a cursor")
+    return cursor
+
+
+def _json(response: httpx.Response, what: str) -> Any:
+    try:
+        return response.json()
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise UnexpectedResponse(f"GitHub's answer to {what} is not JSON") from error
+
+
+def _page_attempts(response: httpx.Response) -> list[LoggedAttempt]:
+    rows = _json(response, "a delivery log page")
+    if not isinstance(rows, list):
+        raise UnexpectedResponse("GitHub's delivery log page is not a list")
+    return [_attempt_from(row) for row in rows]
+
+
+def _attempt_from(row: Any) -> LoggedAttempt:
+    if not isinstance(row, dict):
+        raise UnexpectedResponse("GitHub's delivery log holds an attempt that is not an object")
+    return LoggedAttempt(
+        id=_field(row, "id", int),
+        guid=_field(row, "guid", str),
+        delivered_at=_timestamp(row),
+        redelivery=_field(row, "redelivery", bool),
+        # GitHub logs 0 when no HTTP answer came; null is read the same way.
+        status_code=0 if row.get("status_code") is None else _field(row, "status_code", int),
+        event=_field(row, "event", str),
+        action=None if row.get("action") is None else _field(row, "action", str),
+    )
+
+
+def _logged_request(body: Any, attempt_id: int) -> LoggedRequest:
+    attempt = _attempt_from(body)
+    request = body.get("request")
+    headers = request.get("headers") if isinstance(request, dict) else None
+    payload = request.get("payload") if isinstance(request, dict) else None
+    if not isinstance(headers, dict) or not isinstance(payload, dict):
+        raise UnexpectedResponse(
+            f"GitHub's log holds no JSON request (headers and payload) for attempt {attempt_id}"
+        )
+    return LoggedRequest(
+        attempt=attempt,
+        headers={str(name): str(value) for name, value in headers.items()},
+        payload=payload,
+    )
+
+
+def _field(row: dict[str, Any], name: str, kind: type[_T]) -> _T:
+    value = row.get(name)
+    # bool is an int: an id or a status code of true is not one.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise UnexpectedResponse(f"GitHub's delivery log holds an attempt without a valid {name!r}")
+    if kind is str and not value:
+        raise UnexpectedResponse(f"GitHub's delivery log holds an attempt with an empty {name!r}")
+    return value
+
+
+def _timestamp(row: dict[str, Any]) -> datetime:
+    try:
+        moment = datetime.fromisoformat(_field(row, "delivered_at", str))
+    except ValueError as error:
+        raise UnexpectedResponse(
+            "GitHub's delivery log holds an attempt without a valid 'delivered_at'"
+        ) from error
+    # GitHub writes UTC with a Z; a time without an offset is read as UTC too.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _aware(moment: datetime, name: str) -> datetime:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"{name} must be an aware datetime")
+    return moment.astimezone(UTC)
+
+
+def _rate_limit_wait(response: httpx.Response, *, now: float) -> float | None:
+    """How long GitHub asks to wait before the retry, or None when this is no rate limit.
+
+    GitHub sends X-RateLimit-* on every answer: only a remaining of 0 is a limit."""
+    if response.status_code not in (403, 429):
+        return None
+    headers = response.headers
+    if "retry-after" in headers:
+        return _clamped(_retry_after_seconds(headers["retry-after"], now=now))
+    if headers.get("x-ratelimit-remaining") == "0":
+        return _clamped(_seconds_until_reset(headers.get("x-ratelimit-reset"), now=now))
+    # A secondary rate limit may say nothing but its message.
+    if response.status_code == 429 or "rate limit" in _github_message(response).lower():
+        return _UNSAID_RATE_LIMIT_WAIT
+    return None
+
+
+def _retry_after_seconds(value: str, *, now: float) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:  # the HTTP-date form, which GitHub does not send but HTTP allows
+        return email.utils.parsedate_to_datetime(value).timestamp() - now
+    except (TypeError, ValueError, IndexError):
+        return _UNSAID_RATE_LIMIT_WAIT
+
+
+def _seconds_until_reset(value: str | None, *, now: float) -> float:
+    try:
+        reset = int(value or "")
+    except ValueError:
+        return _UNSAID_RATE_LIMIT_WAIT
+    return reset - now + _RESET_MARGIN_SECONDS
+
+
+def _clamped(wait: float) -> float:
+    if not math.isfinite(wait):
+        return _UNSAID_RATE_LIMIT_WAIT
+    return min(max(wait, 0.0), _LONGEST_RATE_LIMIT_WAIT)
+
+
+def _github_message(response: httpx.Response) -> str:
+    """GitHub's ``message``, on one short line (the reason phrase when there is none)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    said = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(said, str) or not said.strip():
+        said = response.reason_phrase or "no message"
+    line = " ".join(said.split())
+    return line if len(line) <= _MAX_MESSAGE_CHARS else line[: _MAX_MESSAGE_CHARS - 1] + "…"
+
+
+def _moved_to(response: httpx.Response) -> str:
+    # The path alone: a redirect's query is no business of an error message.
+    try:
+        return httpx.URL(response.headers.get("location", "")).path or "an unnamed place"
+    except httpx.InvalidURL:
+        return "an unreadable place"
+
+
+def _tries(count: int) -> str:
+    return "1 try" if count == 1 else f"{count} tries"
+
+
+def _iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,42 @@
+"""CATCH_UP, which beat sends every ``catchup_interval_seconds``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import shared_task
+
+from models.catchup import sources_with_log_access
+from models.db import session_scope
+from models.errors import TaskStoreError
+from models.messages import CATCH_UP, PROCESS_DELIVERY
+from worker import runtime
+from worker.catchup.github_log import CatchUpError
+from worker.catchup.service import catch_up_github
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=CATCH_UP, bind=True)
+def catch_up(self) -> dict[str, Any]:
+    """Catch up every source with access to its delivery log, one after the
+    other. A source that fails (bad credentials, a rate limit, GitHub down)
+    is recorded on its run and logged; the others go on, and the next beat
+    tries it again: never a crash loop."""
+
+    def send(pk: int) -> None:
+        self.app.send_task(PROCESS_DELIVERY, args=[pk])
+
+    with session_scope(runtime.sessions()) as session:
+        slugs = sources_with_log_access(session=session)
+    done: dict[str, Any] = {}
+    for slug in slugs:
+        try:
+            report = catch_up_github(sessions=runtime.sessions(), slug=slug, send=send)
+        except (CatchUpError, TaskStoreError) as error:
+            log.warning("catch-up of %s stopped: %s", slug, error)
+            done[slug] = {"error": str(error)}
+            continue
+        done[slug] = {"missed": len(report.missed), "recovered": len(report.recovered)}
+    return done
