@@ -67,26 +67,47 @@ def set_log_access(
         raise InvalidSource(
             f"source {slug!r} is a {source.provider} source; only GitHub keeps a delivery log"
         )
-    if not _TARGET.fullmatch(target):
-        raise InvalidSource(
-            f"the hook's owner must be repos/OWNER/REPO or orgs/ORG, not {target!r}"
-        )
-    if hook_id is not None and not _HOOK_ID.fullmatch(hook_id):
-        raise InvalidSource(f"a hook id is a number, not {hook_id!r}")
-    if not token.strip() or any(c.isspace() for c in token.strip()):
-        raise InvalidSource("the token must be one word, without spaces")
-    parts = urlsplit(api_base_url)
-    if parts.scheme not in ("https", "http") or not parts.netloc or parts.query or parts.fragment:
-        raise InvalidSource(f"the API base URL must be an http(s) URL, not {api_base_url!r}")
+    target, hook_id = checked_target(target), checked_hook_id(hook_id)
+    token, api_base_url = checked_token(token), checked_api_url(api_base_url)
     access = session.get(CatchUpSource, source.id) or CatchUpSource(source_id=source.id)
     access.target = target
     access.hook_id = hook_id
-    access.token = token.strip()
-    access.api_base_url = api_base_url.rstrip("/")
+    access.token = token
+    access.api_base_url = api_base_url
     access.updated_at = utcnow()
     session.add(access)
     session.flush()
     return access
+
+
+def checked_target(target: str) -> str:
+    """The hook's owner, ``repos/OWNER/REPO`` or ``orgs/ORG``; else :class:`InvalidSource`."""
+    if not _TARGET.fullmatch(target):
+        raise InvalidSource(
+            f"the hook's owner must be repos/OWNER/REPO or orgs/ORG, not {target!r}"
+        )
+    return target
+
+
+def checked_hook_id(hook_id: str | None) -> str | None:
+    if hook_id is not None and not _HOOK_ID.fullmatch(hook_id):
+        raise InvalidSource(f"a hook id is a number, not {hook_id!r}")
+    return hook_id
+
+
+def checked_token(token: str) -> str:
+    token = token.strip()
+    if not token or any(c.isspace() for c in token):
+        raise InvalidSource("the token must be one word, without spaces")
+    return token
+
+
+def checked_api_url(api_base_url: str) -> str:
+    """An http(s) base URL, without a trailing slash."""
+    parts = urlsplit(api_base_url)
+    if parts.scheme not in ("https", "http") or not parts.netloc or parts.query or parts.fragment:
+        raise InvalidSource(f"the API base URL must be an http(s) URL, not {api_base_url!r}")
+    return api_base_url.rstrip("/")
 
 
 def log_settings(*, session: Session, slug: str) -> LogSettings:

@@ -33,10 +33,12 @@ from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY, RELEASE_IDENTITY
 from models.sources import verifying_source
-from models.tables import Delivery, utcnow
+from models.tables import CatchUpSource, Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
 from tests.conftest import TRUSTED, Store
+from tests.deliveries import FIXTURES
+from tests.fakes.github_api import FakeGitHub
 from tests.integration.scenarios import (
     EXTERNAL_ID,
     SECRET,
@@ -1362,3 +1364,130 @@ def test_token_mistakes_are_one_line_refusals(store: Store):
         ).exit_code
         == 2
     )
+
+
+# --- catch-up ---------------------------------------------------------------------------
+
+CATCH_UP_TOKEN = "ghp_cli_token_never_printed"
+
+
+def _opened(number: int) -> dict[str, Any]:
+    payload = json.loads((FIXTURES / "github" / "issues__opened.json").read_text())
+    payload["issue"]["number"] = number
+    return payload
+
+
+@pytest.fixture
+def github_log(store: Store) -> Iterator[FakeGitHub]:
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    with FakeGitHub(token=CATCH_UP_TOKEN) as github:
+        for number in (1, 2, 3):
+            github.log_delivery(
+                hook="repos/acme/widgets/hooks/77",
+                event="issues",
+                action="opened",
+                payload=_opened(number),
+                status_code=502,
+            )
+        yield github
+
+
+def test_source_catch_up_takes_the_token_without_echo_and_never_shows_it(
+    store: Store, github_log: FakeGitHub
+):
+    given = ("source", "catch-up", "acme-github", "--repo", "acme/widgets", "--hook-id", "77")
+    result = taskhook(store, *given, "--api-url", github_log.base_url, input=f"{CATCH_UP_TOKEN}\n")
+
+    assert result.exit_code == 0, result.output
+    assert CATCH_UP_TOKEN not in result.output
+    assert "taskhook catch-up github --source acme-github --dry-run" in result.stdout
+    for listing in (("source", "list"), ("source", "list", "--json")):
+        assert CATCH_UP_TOKEN not in taskhook(store, *listing).output
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("--repo", "acme/widgets", "--org", "acme"),
+        ("--repo", "not a repo"),
+        ("--org", "acme", "--hook-id", "seven"),
+        ("--org", "acme", "--api-url", "ftp://ghe.example"),
+    ],
+    ids=["two owners", "bad repo", "bad hook id", "bad api url"],
+)
+def test_source_catch_up_refuses_bad_values_and_stores_nothing(store: Store, case):
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    result = taskhook(
+        store, "source", "catch-up", "acme-github", *case, "--token-stdin", input="t\n"
+    )
+    assert usage_error(result)
+    with session_scope(store.sessions) as session:
+        assert session.get(CatchUpSource, 1) is None
+
+
+def test_catch_up_github_dry_run_then_run_then_nothing_new(
+    store: Store, github_log: FakeGitHub, celery: FakeApp
+):
+    taskhook(
+        store,
+        "source",
+        "catch-up",
+        "acme-github",
+        "--repo",
+        "acme/widgets",
+        "--api-url",
+        github_log.base_url,
+        "--hook-id",
+        "77",
+        "--token-stdin",
+        input=f"{CATCH_UP_TOKEN}\n",
+    )
+    run = ("catch-up", "github", "--source", "acme-github", "--json")
+
+    dry = as_json(taskhook(store, *run, "--dry-run"))
+    assert len(dry["missed"]) == 3 and dry["recovered"] == [] and celery.sent == []
+
+    done = as_json(taskhook(store, *run))
+    assert len(done["recovered"]) == 3
+    assert [(name, queue) for name, _, queue in celery.sent] == [
+        (PROCESS_DELIVERY, DELIVERIES_QUEUE)
+    ] * 3
+
+    again = as_json(taskhook(store, *run, "--since", "1d"))
+    assert again["missed"] == [] and len(celery.sent) == 3
+    people = taskhook(store, "catch-up", "github", "--source", "acme-github")
+    assert "Missed creates" in people.stdout and CATCH_UP_TOKEN not in people.output
+
+
+def test_catch_up_github_with_a_wrong_token_is_one_clear_line(store: Store, github_log: FakeGitHub):
+    taskhook(
+        store,
+        "source",
+        "catch-up",
+        "acme-github",
+        "--org",
+        "acme",
+        "--api-url",
+        github_log.base_url,
+        "--hook-id",
+        "77",
+        "--token-stdin",
+        input="ghp_wrong_one\n",
+    )
+    line = refused(taskhook(store, "catch-up", "github", "--source", "acme-github"))
+    assert line.startswith("Error: catch-up of acme-github stopped:")
+    assert "ghp_wrong_one" not in line
+
+
+def test_catch_up_github_since_must_be_a_duration_or_a_date(store: Store):
+    line = usage_error(taskhook(store, "catch-up", "github", "--source", "x", "--since", "soon"))
+    assert "neither a duration" in line
+
+
+def test_catch_up_of_a_source_without_log_access_says_how_to_give_it(store: Store):
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    line = refused(taskhook(store, "catch-up", "github", "--source", "acme-github"))
+    assert "taskhook source catch-up acme-github --repo OWNER/REPO" in line

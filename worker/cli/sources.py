@@ -10,7 +10,13 @@ from urllib.parse import urlsplit
 import click
 from sqlalchemy.exc import IntegrityError
 
-from models.catchup import GITHUB_API, set_log_access
+from models.catchup import (
+    GITHUB_API,
+    checked_api_url,
+    checked_hook_id,
+    checked_target,
+    set_log_access,
+)
 from models.providers import PROVIDERS as REGISTRY
 from models.reports import get_workspace, list_source_summaries
 from models.settings import Settings
@@ -263,17 +269,31 @@ def source_rotate_secret(
 
 @source.command("catch-up")
 @click.argument("name")
-@click.option("--repo", "repo", default=None, help="The hook is this repository's: OWNER/REPO.")
-@click.option("--org", "org", default=None, help="The hook is this organization's: ORG.")
+@click.option(
+    "--repo",
+    "repo",
+    default=None,
+    callback=checked_by(lambda repo: checked_target(f"repos/{repo}")),
+    help="The hook is this repository's: OWNER/REPO.",
+)
+@click.option(
+    "--org",
+    "org",
+    default=None,
+    callback=checked_by(lambda org: checked_target(f"orgs/{org}")),
+    help="The hook is this organization's: ORG.",
+)
 @click.option(
     "--hook-id",
     default=None,
+    callback=checked_by(checked_hook_id),
     help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID).",
 )
 @click.option(
     "--api-url",
     default=GITHUB_API,
     show_default=True,
+    callback=checked_by(checked_api_url),
     help="GitHub's API; https://HOST/api/v3 for GitHub Enterprise Server.",
 )
 @click.option(
@@ -301,7 +321,7 @@ def source_catch_up(
     """
     if (repo is None) == (org is None):
         raise click.UsageError("name the hook's owner: --repo OWNER/REPO or --org ORG")
-    target = f"repos/{repo}" if repo is not None else f"orgs/{org}"
+    target = repo or org  # as checked: repos/OWNER/REPO or orgs/ORG
     token = sys.stdin.readline() if token_stdin else click.prompt("Token", hide_input=True)
     with runtime.session() as session:
         set_log_access(
@@ -315,5 +335,5 @@ def source_catch_up(
     if as_json:
         emit_json({"source": name, "target": target, "hook_id": hook_id, "api_url": api_url})
         return
-    click.echo(f"{name} can be caught up from {target}'s hook log at {api_url}.")
+    click.echo(f"{name} can be caught up from the log of {target}'s hook at {api_url}.")
     click.echo(f"Then: taskhook catch-up github --source {name} --dry-run")

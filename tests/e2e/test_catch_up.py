@@ -1,0 +1,126 @@
+"""Catch-up end to end: 50 issues opened while the ingress was down, in the
+fake GitHub's log as failed deliveries; the real CLI recovers them, a real
+worker makes 50 tasks, once each, and nothing is made twice -- not by a second
+run, not by GitHub's own redelivery arriving late. Real processes on
+PostgreSQL and Redis; GitHub is tests/fakes/github_api.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from models.catchup import set_log_access
+from models.db import session_scope
+from models.sources import add_source
+from models.tables import Delivery, Task
+from models.workspaces import create_workspace
+from tests.deliveries import FIXTURES, github_headers
+from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
+from tests.fakes.github_api import FakeGitHub
+
+pytestmark = pytest.mark.e2e
+
+SECRET, TOKEN = "e2e-catch-up-secret", "ghp_e2e_catch_up"
+HOOK = "repos/acme/widgets/hooks/4242"
+ISSUES = 50
+
+
+def issue(number: int) -> dict:
+    payload = json.loads((FIXTURES / "github" / "issues__opened.json").read_text())
+    payload["issue"]["number"] = number
+    payload["issue"]["title"] = f"Opened during the outage, #{number}"
+    return payload
+
+
+def taskhook(postgres_url: str, redis_url: str, *args: str) -> dict:
+    """The real CLI in a process of its own, as an operator runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "worker.cli", *args, "--json"],
+        cwd=ROOT,
+        env=worker_environment(postgres_url, redis_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert TOKEN not in done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_fifty_issues_missed_during_an_outage_become_fifty_tasks_once(
+    postgres_url, redis_url, sessions, start_worker, start_ingress
+):
+    with session_scope(sessions) as session:
+        workspace = create_workspace(
+            session=session, slug="outage", name="Outage", task_prefix="OUT"
+        )
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace.id,
+            slug="outage-github",
+            secret=SECRET,
+            create_events=["issues.opened"],
+        )
+        workspace_id = workspace.id
+
+    with FakeGitHub(token=TOKEN) as github:
+        # The ingress is down: GitHub logs every delivery as failed.
+        guids = [str(uuid.uuid4()) for _ in range(ISSUES)]
+        for number, guid in enumerate(guids, start=1):
+            github.log_delivery(
+                hook=HOOK,
+                guid=guid,
+                event="issues",
+                action="opened",
+                payload=issue(number),
+                status_code=0,  # GitHub got no answer at all
+            )
+        with session_scope(sessions) as session:
+            set_log_access(
+                session=session,
+                slug="outage-github",
+                target="repos/acme/widgets",
+                hook_id="4242",
+                token=TOKEN,
+                api_base_url=github.base_url,
+            )
+        github.page_size_cap = 20  # three pages
+        worker = start_worker("catch-up")
+        ingress = start_ingress()
+
+        run = ("catch-up", "github", "--source", "outage-github")
+        first = taskhook(postgres_url, redis_url, *run)
+        assert sorted(first["missed"]) == sorted(guids)
+        wait_until(
+            finished(sessions, *first["recovered"]),
+            timeout=60,
+            what="the recovered deliveries",
+            logs=[worker, ingress.process],
+        )
+
+        again = taskhook(postgres_url, redis_url, *run, "--since", "1d")
+        assert again["missed"] == [] and again["recovered"] == []
+
+        # GitHub's own redelivery of one of them, arriving after all: the same
+        # guid, the bytes GitHub signed. A duplicate, never a second task.
+        body = json.dumps(issue(7)).encode()
+        headers = github_headers("issues__opened", body, SECRET, delivery=guids[6])
+        answer = httpx.post(
+            f"{ingress.url}/webhooks/github/outage-github", content=body, headers=headers
+        )
+        assert answer.status_code == 202 and answer.json() == {"status": "duplicate"}
+
+    with session_scope(sessions) as session:
+        titles = session.scalars(select(Task.title).where(Task.workspace_id == workspace_id))
+        assert sorted(titles) == sorted(issue(n)["issue"]["title"] for n in range(1, ISSUES + 1))
+        origins = session.execute(
+            select(Delivery.origin, func.count()).group_by(Delivery.origin)
+        ).all()
+        assert dict(origins) == {"catch-up": ISSUES}
