@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ingest import api, events, rest, webhooks
+from ingest.heartbeat import beating
 from ingest.limits import BodyLimit, Lifetime, StreamSlots
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import IngressMetrics
@@ -32,6 +33,7 @@ from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
 from models.db import make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
+from models.reports import Gaps, gaps
 from models.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
                 # one authenticates every request instead.
                 transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             )
-            async with inbox_opened(runtime), mcp_server.session_manager.run():
+            async with inbox_opened(runtime), beating(runtime), mcp_server.session_manager.run():
                 yield
         finally:
             relay.stop()
@@ -234,7 +236,9 @@ def _add_operational_routes(app: FastAPI) -> None:
     @app.get("/metrics", tags=["operations"])
     async def metrics(request: Request) -> Response:
         """Prometheus text: deliveries by provider and result, ingress latency,
-        payload mismatches, rejected signatures, relay counters. With
+        payload mismatches, rejected signatures, relay counters; and, read from
+        the database at each scrape, each source's last catch-up and the
+        downtime no catch-up has covered (``models.reports.gaps``). With
         TASKHOOK_METRICS_TOKEN set, only for ``Authorization: Bearer <token>``."""
         runtime: IngressRuntime = request.app.state.runtime
         wanted = runtime.settings.metrics_token
@@ -244,6 +248,12 @@ def _add_operational_routes(app: FastAPI) -> None:
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        try:
+            found = await runtime.in_store_thread(_gaps, runtime)
+        except StoreUnavailable:
+            pass  # the process's own counters still answer; the gauges keep their last values
+        else:
+            runtime.metrics.show_gaps(found, by_source=runtime.settings.metrics_source_labels)
         return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -253,6 +263,11 @@ def _bearer_is(authorization: str | None, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(
         presented.strip().encode(), token.encode()
     )
+
+
+def _gaps(runtime: IngressRuntime) -> Gaps:
+    with runtime.store_errors(), session_scope(runtime.sessions) as session:
+        return gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
 
 
 def _database_ready(runtime: IngressRuntime) -> str:

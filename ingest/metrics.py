@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
+
+from models.reports import Gaps
 
 
 @dataclass
@@ -58,6 +60,61 @@ class IngressMetrics:
             "Delivery keys the relay could not hand to the broker (left to the sweeper).",
             registry=self.registry,
         )
+
+        self.uncovered_downtime = Gauge(
+            "taskhook_uncovered_downtime_seconds",
+            "How long no ingress was up, in the windows of the last 7 days no complete "
+            "catch-up of the source has read ('-': the most of any source, without "
+            "TASKHOOK_METRICS_SOURCE_LABELS).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.catchup_last_run = Gauge(
+            "taskhook_catchup_last_run_timestamp_seconds",
+            "When the source's last catch-up began ('-': the stalest source's).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.catchup_last_recovered = Gauge(
+            "taskhook_catchup_last_recovered",
+            "Deliveries the source's last catch-up recovered ('-': the sum).",
+            ["source"],
+            registry=self.registry,
+        )
+        self.catchup_last_failed = Gauge(
+            "taskhook_catchup_last_failed",
+            "1 when the source's last catch-up stopped on an error ('-': any source's).",
+            ["source"],
+            registry=self.registry,
+        )
+
+    def show_gaps(self, gaps: Gaps, *, by_source: bool) -> None:
+        """Set the catch-up gauges from ``gaps`` (read at scrape time)."""
+        for gauge in (
+            self.uncovered_downtime,
+            self.catchup_last_run,
+            self.catchup_last_recovered,
+            self.catchup_last_failed,
+        ):
+            gauge.clear()
+        uncovered = {
+            source: sum(window.seconds for window in windows)
+            for source, windows in gaps.uncovered.items()
+        }
+        runs = gaps.last_catch_ups
+        if by_source:
+            for source, seconds in uncovered.items():
+                self.uncovered_downtime.labels(source).set(seconds)
+            for run in runs:
+                self.catchup_last_run.labels(run.source).set(run.started_at.timestamp())
+                self.catchup_last_recovered.labels(run.source).set(run.recovered)
+                self.catchup_last_failed.labels(run.source).set(int(run.error is not None))
+            return
+        self.uncovered_downtime.labels("-").set(max(uncovered.values(), default=0))
+        if runs:
+            self.catchup_last_run.labels("-").set(min(r.started_at.timestamp() for r in runs))
+            self.catchup_last_recovered.labels("-").set(sum(r.recovered for r in runs))
+            self.catchup_last_failed.labels("-").set(max(int(r.error is not None) for r in runs))
 
     def count_delivery(self, provider: str, source: str, result: str) -> None:
         """One more webhook delivery answered (``taskhook_deliveries``)."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from sqlalchemy import desc, select
 from sqlalchemy.orm import Session
 
@@ -30,21 +32,28 @@ CURSOR_OVERLAP = timedelta(minutes=10)
 _OWNER = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})"
 _TARGET = re.compile(rf"repos/{_OWNER}/[A-Za-z0-9._-]{{1,100}}|orgs/{_OWNER}")
 _HOOK_ID = re.compile(r"[0-9]{1,20}")
+_APP_ID = re.compile(r"[0-9]{1,20}")
+#: The target of a GitHub App's own webhook: its hook path is ``app/hook``.
+APP_TARGET = "app"
 
 
 @dataclass(frozen=True)
 class LogSettings:
-    """Where one source's log is read. ``token`` is a credential: never shown."""
+    """Where one source's log is read, and with what: a ``token``, or a GitHub
+    App's ``app_id`` and ``private_key`` (PEM). Credentials: never shown."""
 
     source_id: int
     slug: str
     api_base_url: str
-    #: ``repos/OWNER/REPO/hooks/ID`` or ``orgs/ORG/hooks/ID``.
+    #: ``repos/OWNER/REPO/hooks/ID``, ``orgs/ORG/hooks/ID`` or ``app/hook``.
     hook_path: str
-    token: str
+    token: str | None = None
+    app_id: str | None = None
+    private_key: str | None = None
 
     def __repr__(self) -> str:
-        return f"LogSettings(source={self.slug!r}, hook_path={self.hook_path!r}, token=<hidden>)"
+        credential = "token=<hidden>" if self.token else f"app_id={self.app_id!r}, key=<hidden>"
+        return f"LogSettings(source={self.slug!r}, hook_path={self.hook_path!r}, {credential})"
 
 
 def set_log_access(
@@ -60,6 +69,39 @@ def set_log_access(
     ``target`` is the hook's owner, ``repos/OWNER/REPO`` or ``orgs/ORG``.
     Raises :class:`SourceNotFound`, or :class:`InvalidSource` naming what is
     wrong with a value."""
+    source = _github_source(session, slug)
+    target, hook_id = checked_target(target), checked_hook_id(hook_id)
+    token, api_base_url = checked_token(token), checked_api_url(api_base_url)
+    return _stored_access(
+        session, source, target=target, hook_id=hook_id, api_base_url=api_base_url, token=token
+    )
+
+
+def set_app_access(
+    *,
+    session: Session,
+    slug: str,
+    app_id: str,
+    private_key: str,
+    api_base_url: str = GITHUB_API,
+) -> CatchUpSource:
+    """Let source ``slug`` (a GitHub source fed by a GitHub App's webhook) be
+    caught up from the App's own hook log, ``app/hook``, read with a JWT the
+    App's ``private_key`` (PEM) signs. Raises as :func:`set_log_access` does."""
+    source = _github_source(session, slug)
+    app_id, private_key = checked_app_id(app_id), checked_private_key(private_key)
+    return _stored_access(
+        session,
+        source,
+        target=APP_TARGET,
+        hook_id=None,  # the path names the App's one hook: app/hook
+        api_base_url=checked_api_url(api_base_url),
+        app_id=app_id,
+        private_key=private_key,
+    )
+
+
+def _github_source(session: Session, slug: str) -> WebhookSource:
     source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
     if source is None:
         raise SourceNotFound(f"source {slug!r} not found")
@@ -67,12 +109,27 @@ def set_log_access(
         raise InvalidSource(
             f"source {slug!r} is a {source.provider} source; only GitHub keeps a delivery log"
         )
-    target, hook_id = checked_target(target), checked_hook_id(hook_id)
-    token, api_base_url = checked_token(token), checked_api_url(api_base_url)
+    return source
+
+
+def _stored_access(
+    session: Session,
+    source: WebhookSource,
+    *,
+    target: str,
+    hook_id: str | None,
+    api_base_url: str,
+    token: str | None = None,
+    app_id: str | None = None,
+    private_key: str | None = None,
+) -> CatchUpSource:
+    """Set the source's access, replacing whichever credential it held before."""
     access = session.get(CatchUpSource, source.id) or CatchUpSource(source_id=source.id)
     access.target = target
     access.hook_id = hook_id
     access.token = token
+    access.app_id = app_id
+    access.private_key = private_key
     access.api_base_url = api_base_url
     access.updated_at = utcnow()
     session.add(access)
@@ -102,6 +159,36 @@ def checked_token(token: str) -> str:
     return token
 
 
+def checked_app_id(app_id: str) -> str:
+    """A GitHub App's id: the number on its settings page (not its client id)."""
+    app_id = app_id.strip()
+    if not _APP_ID.fullmatch(app_id):
+        raise InvalidSource("a GitHub App id is a number, as on the App's settings page")
+    return app_id
+
+
+def rsa_private_key(pem: str) -> RSAPrivateKey:
+    """The key of ``pem``, an unencrypted RSA private key as GitHub gives an
+    App's; else :class:`InvalidSource`, whose message never quotes the key."""
+    try:
+        key = load_pem_private_key(pem.encode(), password=None)
+    except (ValueError, TypeError, UnicodeError):
+        key = None  # the library's message may quote what it could not read
+    if not isinstance(key, RSAPrivateKey):
+        raise InvalidSource(
+            "the private key must be a GitHub App's: an unencrypted RSA key in PEM, "
+            "the .pem file GitHub generated"
+        )
+    return key
+
+
+def checked_private_key(private_key: str) -> str:
+    """``private_key`` as stored, once :func:`rsa_private_key` reads it."""
+    pem = private_key.strip() + "\n"
+    rsa_private_key(pem)
+    return pem
+
+
 def checked_api_url(api_base_url: str) -> str:
     """An http(s) base URL, without a trailing slash."""
     parts = urlsplit(api_base_url)
@@ -125,7 +212,17 @@ def log_settings(*, session: Session, slug: str) -> LogSettings:
     if access is None:
         raise InvalidSource(
             f"source {slug!r} has no access to its delivery log: "
-            f"taskhook source catch-up {slug} --repo OWNER/REPO (or --org ORG)"
+            f"taskhook source catch-up {slug} --repo OWNER/REPO (or --org ORG, "
+            "or --app-id ID --private-key-file PEM)"
+        )
+    if access.target == APP_TARGET:
+        return LogSettings(
+            source_id=source.id,
+            slug=slug,
+            api_base_url=access.api_base_url,
+            hook_path="app/hook",
+            app_id=access.app_id,
+            private_key=access.private_key,
         )
     hook_id = access.hook_id or session.scalar(
         select(Delivery.hook_id)

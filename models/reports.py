@@ -26,6 +26,7 @@ from models.external_id import normalize_external_id
 from models.inbox import DeliveryStatus, counts_by_status, oldest_queued_at
 from models.providers import UNKNOWN_EVENT
 from models.tables import (
+    CatchUpRun,
     Delivery,
     IdentityRelease,
     SourceSecret,
@@ -36,6 +37,7 @@ from models.tables import (
     Workspace,
     utcnow,
 )
+from models.uptime import Window, downtime, uncovered
 
 #: Header names never shown, whatever the ingress's allowlist let through:
 #: a signature is an oracle for the secret, the others are credentials.
@@ -596,3 +598,57 @@ def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
         )
     )
     return InboxStats(counts_by_status(session=session), oldest, age, unknown or 0)
+
+
+# --- catch-up and downtime ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LastCatchUp:
+    source: str
+    started_at: datetime
+    #: None while it runs, or when it stopped (``error`` says why) or was a dry run.
+    covered_until: datetime | None
+    missed: int
+    recovered: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """When no ingress was up, and which of those windows each source has
+    not caught up yet (``models.uptime``)."""
+
+    downtime: list[Window]
+    uncovered: dict[str, list[Window]]
+    last_catch_ups: list[LastCatchUp]
+
+
+def gaps(*, session: Session, heartbeat_seconds: float, now: datetime | None = None) -> Gaps:
+    windows = downtime(session=session, heartbeat_seconds=heartbeat_seconds, now=now)
+    newest = (
+        select(CatchUpRun.source_id, func.max(CatchUpRun.id).label("id"))
+        .group_by(CatchUpRun.source_id)
+        .subquery()
+    )
+    last = session.execute(
+        select(WebhookSource.slug, CatchUpRun)
+        .join(newest, newest.c.id == CatchUpRun.id)
+        .join(WebhookSource, WebhookSource.id == CatchUpRun.source_id)
+        .order_by(WebhookSource.slug)
+    ).all()
+    return Gaps(
+        downtime=windows,
+        uncovered=uncovered(session=session, windows=windows),
+        last_catch_ups=[
+            LastCatchUp(
+                source=slug,
+                started_at=run.started_at,
+                covered_until=run.covered_until,
+                missed=run.missed,
+                recovered=run.recovered,
+                error=run.error,
+            )
+            for slug, run in last
+        ],
+    )

@@ -191,6 +191,12 @@ class Settings(BaseSettings):
         default=10, ge=0, description="Retries on database errors before a delivery is dead."
     )
     sweep_interval_seconds: float = Field(default=30.0, gt=0)
+    ingress_heartbeat_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="How often each ingress process records that it is up; a window no "
+        "process covered is shown in taskhook stats until a catch-up covers it.",
+    )
     catchup_interval_seconds: float = Field(
         default=3600.0,
         ge=0,

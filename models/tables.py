@@ -9,6 +9,7 @@ from typing import ClassVar
 from sqlalchemy import (
     JSON,
     Boolean,
+    CheckConstraint,
     DateTime,
     ForeignKey,
     Index,
@@ -229,13 +230,24 @@ class SourceSecret(Base):
     retired_at: Mapped[datetime | None]
 
 
+#: A catch-up source holds one credential: a token, or a GitHub App's id and key.
+CATCHUP_ONE_CREDENTIAL = (
+    "(token IS NOT NULL AND app_id IS NULL AND private_key IS NULL)"
+    " OR (token IS NULL AND app_id IS NOT NULL AND private_key IS NOT NULL)"
+)
+
+
 class CatchUpSource(Base):
     """Where a source's catch-up reads the provider's log of its deliveries,
-    and with which credential (``taskhook sources catch-up``). The token is
-    a credential like a signing secret: stored as given, because the API
-    needs it, and never shown again after it is set, nor logged."""
+    and with which credential (``taskhook sources catch-up``): a token, or a
+    GitHub App's id and private key, never both. Both are credentials like a
+    signing secret: stored as given, because the API needs them, and never
+    shown again after they are set, nor logged."""
 
     __tablename__ = "catchup_sources"
+    __table_args__ = (
+        CheckConstraint(CATCHUP_ONE_CREDENTIAL, name="ck_catchup_sources_one_credential"),
+    )
 
     source_id: Mapped[int] = mapped_column(
         ForeignKey("webhook_sources.id", ondelete="CASCADE"), primary_key=True
@@ -243,12 +255,29 @@ class CatchUpSource(Base):
     #: ``https://api.github.com``, or ``https://HOST/api/v3`` for GitHub
     #: Enterprise Server.
     api_base_url: Mapped[str] = mapped_column(Text)
-    #: Whose hook: ``repos/OWNER/REPO`` or ``orgs/ORG``.
+    #: Whose hook: ``repos/OWNER/REPO``, ``orgs/ORG``, or ``app`` (``app/hook``).
     target: Mapped[str] = mapped_column(String(300))
     #: The hook's id; None: the newest ``X-GitHub-Hook-ID`` the inbox kept.
     hook_id: Mapped[str | None] = mapped_column(String(64))
-    token: Mapped[str] = mapped_column(Text)
+    token: Mapped[str | None] = mapped_column(Text)
+    #: A GitHub App's id and its private key (PEM): the App signs a JWT with it.
+    app_id: Mapped[str | None] = mapped_column(String(20))
+    private_key: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IngressHeartbeat(Base):
+    """One ingress process's time up: when it started, and when it last said
+    it was alive. Where no process was up, deliveries may have been missed
+    (``models.uptime``)."""
+
+    __tablename__ = "ingress_heartbeats"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
 class CatchUpRun(Base):

@@ -7,8 +7,10 @@ Create Date: 2026-12-01
 
 GitHub never redelivers a delivery our ingress failed to take; it keeps its
 log of deliveries for 3 days (7 on Enterprise Server). ``catchup_sources``
-holds, per source, the API base URL, the hook's owner (``repos/O/R`` or
-``orgs/O``), the hook id and a token to read that log; ``catchup_runs`` one
+holds, per source, the API base URL, the hook's owner (``repos/O/R``,
+``orgs/O``, or ``app`` for a GitHub App's own hook), the hook id and the
+credential to read that log: a token, or an App's id and private key (a
+check constraint keeps exactly one); ``catchup_runs`` one
 row per catch-up, whose ``covered_until`` is the cursor the next run starts
 from. ``deliveries.origin`` says how a row arrived: ``webhook`` or
 ``catch-up`` (worker/catchup/).
@@ -48,8 +50,15 @@ def upgrade() -> None:
         sa.Column("api_base_url", sa.Text(), nullable=False),
         sa.Column("target", sa.String(300), nullable=False),
         sa.Column("hook_id", sa.String(64), nullable=True),
-        sa.Column("token", sa.Text(), nullable=False),
+        sa.Column("token", sa.Text(), nullable=True),
+        sa.Column("app_id", sa.String(20), nullable=True),
+        sa.Column("private_key", sa.Text(), nullable=True),
         sa.Column("updated_at", _TIMESTAMP, nullable=False),
+        sa.CheckConstraint(
+            "(token IS NOT NULL AND app_id IS NULL AND private_key IS NULL)"
+            " OR (token IS NULL AND app_id IS NOT NULL AND private_key IS NOT NULL)",
+            name="ck_catchup_sources_one_credential",
+        ),
     )
     op.create_table(
         "catchup_runs",

@@ -7,13 +7,17 @@ import copy
 import json
 from datetime import timedelta
 
+import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
-from models.catchup import set_log_access
+from models.catchup import log_settings, set_app_access, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
-from models.tables import CatchUpRun, Delivery, Workspace, utcnow
+from models.tables import CatchUpRun, CatchUpSource, Delivery, Workspace, utcnow
 from tests.conftest import Store
 from tests.deliveries import FIXTURES
 from tests.fakes.github_api import FakeGitHub
@@ -214,3 +218,89 @@ def test_a_source_without_log_access_says_how_to_give_it(store: Store):
     a_source(store, workspace.id)
     with pytest.raises(InvalidSource, match="taskhook source catch-up acme-github --repo"):
         catch_up(store)
+
+
+# -- a GitHub App's own hook, read with its JWT --------------------------------------
+
+APP_ID = "4200"
+
+
+def rsa_key() -> rsa.RSAPrivateKey:
+    """A throwaway key, in place of the one GitHub generates for an App."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def pem_of(key: rsa.RSAPrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+def give_app_access(store: Store, github: FakeGitHub, key: rsa.RSAPrivateKey) -> None:
+    with session_scope(store.sessions) as session:
+        set_app_access(
+            session=session,
+            slug="acme-github",
+            app_id=APP_ID,
+            private_key=pem_of(key),
+            api_base_url=github.base_url,
+        )
+
+
+def test_an_app_source_is_caught_up_from_the_apps_own_hook_with_a_signed_jwt(
+    store: Store, github: FakeGitHub
+):
+    key = rsa_key()
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    give_app_access(store, github, key)
+    guids = [f"00000000-0000-4000-8000-{number:012d}" for number in (1, 2)]
+    for number, guid in enumerate(guids, start=1):
+        github.log_delivery(
+            hook="app/hook", guid=guid, event="issues", payload=issue_opened(number)
+        )
+    sent: list[int] = []
+
+    report = catch_up(store, sent)
+
+    assert sorted(report.missed) == guids and len(sent) == 2
+    for pk in sent:
+        assert run(store, pk).status.value == "done"
+    assert len(tasks_of(store.sessions, workspace_id(store))) == 2
+    # Each request carried a JWT the App's key signed, for at most 10 minutes.
+    assert len(github.app_jwts) >= 3  # the list, then each delivery
+    claims = jwt.decode(github.app_jwts[0], key.public_key(), algorithms=["RS256"], issuer=APP_ID)
+    assert 0 < claims["exp"] - claims["iat"] <= 600
+
+
+def test_app_access_replaces_a_token_and_hides_the_key(
+    store: Store, github: FakeGitHub, source: str
+):
+    key = rsa_key()
+    give_app_access(store, github, key)
+    key_line = pem_of(key).splitlines()[1]
+    with session_scope(store.sessions) as session:
+        settings = log_settings(session=session, slug=source)
+        row = session.get(CatchUpSource, settings.source_id)
+        assert (row.target, row.hook_id, row.token) == ("app", None, None)
+        assert key_line not in repr(row)
+    assert (settings.hook_path, settings.token, settings.app_id) == ("app/hook", None, APP_ID)
+    assert key_line not in repr(settings)
+
+
+def test_a_source_holds_a_token_or_an_app_never_both(store: Store, github: FakeGitHub, source: str):
+    give_app_access(store, github, rsa_key())
+    with pytest.raises(IntegrityError), session_scope(store.sessions) as session:
+        session.get(CatchUpSource, 1).token = TOKEN
+
+
+def test_a_bad_app_id_or_key_is_refused_without_quoting_the_key(store: Store, source: str):
+    key_text = pem_of(rsa_key()).replace("MII", "MIX", 1)  # no longer parses
+    with session_scope(store.sessions) as session:
+        with pytest.raises(InvalidSource, match="App id is a number"):
+            set_app_access(session=session, slug=source, app_id="Iv1.x", private_key=key_text)
+        with pytest.raises(InvalidSource) as refused:
+            set_app_access(session=session, slug=source, app_id=APP_ID, private_key=key_text)
+    assert key_text.splitlines()[1] not in str(refused.value)

@@ -1491,3 +1491,79 @@ def test_catch_up_of_a_source_without_log_access_says_how_to_give_it(store: Stor
     a_source(store, workspace.id)
     line = refused(taskhook(store, "catch-up", "github", "--source", "acme-github"))
     assert "taskhook source catch-up acme-github --repo OWNER/REPO" in line
+
+
+def _app_key_file(tmp_path: Path) -> tuple[Path, Any]:
+    """A throwaway GitHub App private key, written as GitHub hands it out (PEM)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path = tmp_path / "app.private-key.pem"
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    return path, key
+
+
+def test_source_catch_up_of_an_app_reads_its_hook_with_a_jwt_and_never_shows_the_key(
+    store: Store, github_log: FakeGitHub, celery: FakeApp, tmp_path: Path
+):
+    import jwt
+
+    key_file, key = _app_key_file(tmp_path)
+    for number in (4, 5):
+        github_log.log_delivery(
+            hook="app/hook", event="issues", action="opened", payload=_opened(number)
+        )
+    given = ("source", "catch-up", "acme-github", "--app-id", "4200")
+    result = taskhook(
+        store, *given, "--private-key-file", str(key_file), "--api-url", github_log.base_url
+    )
+
+    assert result.exit_code == 0, result.output
+    assert "GitHub App 4200's own hook" in result.stdout
+    key_line = key_file.read_text().splitlines()[1]
+    assert key_line not in result.output
+    done = as_json(taskhook(store, "catch-up", "github", "--source", "acme-github", "--json"))
+    assert len(done["recovered"]) == 2  # the App's hook, not the repository's
+    assert key_line not in json.dumps(done)
+    jwt.decode(github_log.app_jwts[0], key.public_key(), algorithms=["RS256"], issuer="4200")
+    for listing in (("source", "list"), ("source", "list", "--json")):
+        assert key_line not in taskhook(store, *listing).output
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["not a key", "missing file", "bad app id", "no key", "and a repo", "and a token", "hook id"],
+)
+def test_source_catch_up_of_an_app_refuses_bad_values_and_stores_nothing(
+    store: Store, tmp_path: Path, case: str
+):
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    key_file, _ = _app_key_file(tmp_path)
+    broken = tmp_path / "broken.pem"
+    secret_line = key_file.read_text().splitlines()[1]
+    broken.write_text(key_file.read_text().replace(secret_line, secret_line[::-1]))
+    app = ("--app-id", "4200", "--private-key-file", str(key_file))
+    args = {
+        "not a key": ("--app-id", "4200", "--private-key-file", str(broken)),
+        "missing file": ("--app-id", "4200", "--private-key-file", str(tmp_path / "none.pem")),
+        "bad app id": ("--app-id", "Iv1.abc", "--private-key-file", str(key_file)),
+        "no key": ("--app-id", "4200"),
+        "and a repo": (*app, "--repo", "acme/widgets"),
+        "and a token": (*app, "--token-stdin"),
+        "hook id": (*app, "--hook-id", "77"),
+    }[case]
+
+    result = taskhook(store, "source", "catch-up", "acme-github", *args, input="t\n")
+
+    assert usage_error(result)
+    assert secret_line not in result.output and secret_line[::-1] not in result.output
+    with session_scope(store.sessions) as session:
+        assert session.get(CatchUpSource, 1) is None

@@ -9,10 +9,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import jwt
 import pytest
 
 from worker.catchup.github_log import (
     ApiUnavailable,
+    AppJwt,
     AttemptNotFound,
     BadCredentials,
     CatchUpError,
@@ -581,3 +583,147 @@ def test_a_token_no_header_can_carry_is_refused_without_quoting_it():
     with pytest.raises(ValueError) as raised:
         DeliveryLog(api_base_url=API, hook_path=HOOK, token="ghp_secret\r\nX-Evil: 1")
     assert "ghp_secret" not in str(raised.value)
+
+
+# -- a GitHub App's JWT --------------------------------------------------------------
+
+APP_ID = "4200"
+
+
+def _rsa_pem() -> tuple[str, object]:
+    """A throwaway RSA key, as GitHub hands an App's (PKCS#1 PEM), and its public half."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+    return pem, key.public_key()
+
+
+APP_KEY_PEM, APP_PUBLIC_KEY = _rsa_pem()
+
+
+def app_jwt(time: FakeTime) -> AppJwt:
+    return AppJwt(app_id=APP_ID, private_key=APP_KEY_PEM, clock=time.clock)
+
+
+def claims_of(authorization: str) -> tuple[dict, dict]:
+    """The header and the claims of a ``Bearer <JWT>``, its signature checked with
+    the public key (its times are checked by the tests, against the fake clock)."""
+    scheme, _, token = authorization.partition(" ")
+    assert scheme == "Bearer"
+    claims = jwt.decode(
+        token,
+        APP_PUBLIC_KEY,
+        algorithms=["RS256"],
+        issuer=APP_ID,
+        options={"verify_exp": False, "verify_iat": False, "require": ["iat", "exp", "iss"]},
+    )
+    return jwt.get_unverified_header(token), claims
+
+
+def test_an_app_jwt_is_rs256_issued_by_the_app_a_minute_back_for_nine_minutes():
+    time = FakeTime()
+    header, claims = claims_of(app_jwt(time)())
+
+    now = int(time.now)
+    assert header["alg"] == "RS256"
+    assert claims["iss"] == APP_ID
+    assert claims["iat"] == now - 60  # GitHub's advice, for clock drift
+    assert claims["exp"] == now + 9 * 60
+    assert claims["exp"] - claims["iat"] <= 10 * 60  # GitHub refuses longer
+
+
+def test_an_app_jwt_is_reused_then_minted_again_within_a_minute_of_its_expiry():
+    time = FakeTime()
+    credential = app_jwt(time)
+    first = credential()
+
+    time.now += 7 * 60 + 59  # 61 s left: still good
+    assert credential() == first
+    time.now += 1  # 60 s left: replaced
+    renewed = credential()
+    assert renewed != first
+    _, claims = claims_of(renewed)
+    assert claims["iat"] == int(time.now) - 60
+    assert claims["exp"] == int(time.now) + 9 * 60
+
+
+def test_a_long_run_never_sends_an_expired_jwt():
+    time = FakeTime()
+    sent: list[tuple[float, str]] = []  # when each request left, and its Authorization
+
+    def github(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/app/hook/deliveries"
+        sent.append((time.now, request.headers["Authorization"]))
+        return page([])
+
+    log = DeliveryLog(
+        api_base_url=API,
+        hook_path="app/hook",
+        authorization=app_jwt(time),
+        sleep=time.sleep,
+        clock=time.clock,
+        transport=httpx.MockTransport(github),
+    )
+    with log:
+        for _ in range(30):  # a request a minute, for half an hour
+            list(log.attempts(since=NOW))
+            time.now += 60
+    assert len({authorization for _, authorization in sent}) > 1
+    for sent_at, authorization in sent:
+        _, claims = claims_of(authorization)
+        assert claims["exp"] - sent_at > 60  # more than a minute left when sent
+
+
+def test_an_app_id_is_a_number_and_a_key_must_be_an_rsa_pem():
+    with pytest.raises(ValueError, match="App id is a number"):
+        AppJwt(app_id="Iv1.abc", private_key=APP_KEY_PEM)
+    not_a_key = (
+        "-----BEGIN RSA PRIVATE KEY-----\nc2VjcmV0IGJ1dCBicm9rZW4=\n-----END RSA PRIVATE KEY-----\n"
+    )
+    with pytest.raises(ValueError) as raised:
+        AppJwt(app_id=APP_ID, private_key=not_a_key)
+    assert "c2VjcmV0" not in str(raised.value) and raised.value.__cause__ is None
+
+
+@pytest.mark.parametrize("failure", _every_failure()[:5])
+def test_the_key_and_the_jwt_never_show_in_an_error_a_log_line_or_a_repr(failure, caplog):
+    caplog.set_level(logging.DEBUG)
+    time = FakeTime()
+    credential = app_jwt(time)
+    sent_jwt = credential().partition(" ")[2]
+
+    def echo_the_jwt(request: httpx.Request) -> httpx.Response:
+        if isinstance(failure, Exception):
+            raise failure
+        return httpx.Response(failure.status_code, json={"message": f"bad JWT {sent_jwt}"})
+
+    log = DeliveryLog(
+        api_base_url=API,
+        hook_path="app/hook",
+        authorization=credential,
+        retries=1,
+        sleep=time.sleep,
+        clock=time.clock,
+        transport=httpx.MockTransport(FakeGitHub(echo_the_jwt)),
+    )
+    with log, pytest.raises(CatchUpError) as raised:
+        list(log.attempts(since=NOW))
+
+    key_body = APP_KEY_PEM.splitlines()[1]
+    shown = [str(raised.value), repr(raised.value), repr(log), repr(credential), caplog.text]
+    for text in shown:
+        assert sent_jwt not in text and key_body not in text
+
+
+def test_a_delivery_log_takes_a_token_or_an_authorization_not_both():
+    credential = app_jwt(FakeTime())
+    with pytest.raises(ValueError, match="either a token or an authorization"):
+        DeliveryLog(api_base_url=API, hook_path="app/hook", token=TOKEN, authorization=credential)
+    with pytest.raises(ValueError, match="either a token or an authorization"):
+        DeliveryLog(api_base_url=API, hook_path="app/hook")

@@ -18,9 +18,14 @@ Provider documentation this module follows:
   least one minute" when neither is said):
   https://docs.github.com/en/rest/using-the-rest-api/rate-limits-for-the-rest-api
 - GitHub Enterprise Server: the same API under ``https://HOST/api/v3``.
+- A GitHub App's JWT (RS256; ``iat`` 60 s back for clock drift, ``exp`` at most
+  10 minutes ahead, ``iss`` the app id):
+  https://docs.github.com/en/apps/creating-github-apps/authenticating-with-a-github-app/generating-a-json-web-token-jwt-for-a-github-app
 
-Every request carries the token; nothing this module raises, logs or prints
-does, and text GitHub sends back is scrubbed of it before it reaches a message.
+Every request carries the credential -- a token, or a GitHub App's JWT
+(:class:`AppJwt`, for ``app/hook``); nothing this module raises, logs or prints
+does, nor the App's private key, and text GitHub sends back is scrubbed of the
+credential before it reaches a message.
 Every wait is bounded: a request is sent at most ``1 + retries`` times, and
 rate-limit waits share one budget per client (``max_wait_seconds``), so one
 catch-up run never waits longer than that for GitHub in all.
@@ -40,6 +45,9 @@ from datetime import UTC, datetime
 from typing import Any, Self, TypeVar
 
 import httpx
+import jwt
+
+from models.catchup import rsa_private_key
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,16 @@ _HOOK_PATH = re.compile(r"repos/[^/\s]+/[^/\s]+/hooks/\d+|orgs/[^/\s]+/hooks/\d+
 #: Visible ASCII: anything else would be refused by the HTTP library in an
 #: error that quotes the header, token included.
 _TOKEN = re.compile(r"[\x21-\x7e]+")
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?: [\x21-\x7e]+)?")
+_APP_ID = re.compile(r"[0-9]{1,20}")
+
+#: GitHub's advice: an ``iat`` 60 s in the past, in case its clock is behind ours.
+_JWT_CLOCK_DRIFT_SECONDS = 60
+#: GitHub refuses an ``exp`` more than 10 minutes ahead; 9 leaves room for drift.
+_JWT_LIFETIME_SECONDS = 9 * 60
+#: A JWT this close to its ``exp`` is replaced: a request in flight, or one
+#: retried after a backoff, must not arrive with an expired one.
+_JWT_REFRESH_MARGIN_SECONDS = 60
 
 _FIRST_BACKOFF_SECONDS = 0.5  # doubled on each retry
 _MAX_BACKOFF_SECONDS = 8.0
@@ -140,18 +158,53 @@ class UnexpectedResponse(CatchUpError):
     body that is not what the API documents."""
 
 
+class AppJwt:
+    """A GitHub App's credential for ``app/hook``: ``authorization`` of a
+    :class:`DeliveryLog`. Each call gives the ``Authorization`` header's value, a
+    JWT signed with the App's private key, minted again once the last one is
+    within a minute of its ``exp``. Neither the key nor a JWT is in its repr."""
+
+    def __init__(
+        self, *, app_id: str, private_key: str, clock: Callable[[], float] = time.time
+    ) -> None:
+        if not _APP_ID.fullmatch(app_id):
+            raise ValueError("a GitHub App id is a number")
+        self._app_id = app_id
+        self._key = rsa_private_key(private_key)  # parsed once: every JWT is signed with it
+        self._clock = clock
+        self._jwt: str | None = None
+        self._expires_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"<AppJwt app {self._app_id}>"
+
+    def __call__(self) -> str:
+        now = self._clock()
+        if self._jwt is None or now >= self._expires_at - _JWT_REFRESH_MARGIN_SECONDS:
+            self._jwt, self._expires_at = self._minted(int(now))
+        return f"Bearer {self._jwt}"
+
+    def _minted(self, now: int) -> tuple[str, float]:
+        expires_at = now + _JWT_LIFETIME_SECONDS
+        claims = {"iat": now - _JWT_CLOCK_DRIFT_SECONDS, "exp": expires_at, "iss": self._app_id}
+        return jwt.encode(claims, self._key, algorithm="RS256"), float(expires_at)
+
+
 class DeliveryLog:
     """The delivery log of one webhook. ``hook_path`` is the hook below the API's base
-    URL: ``repos/acme/widgets/hooks/123``, ``orgs/acme/hooks/123`` or ``app/hook`` (the
-    last with a GitHub App's JWT as ``token``). ``api_base_url`` is
-    ``https://api.github.com``, or ``https://HOST/api/v3`` on Enterprise Server."""
+    URL: ``repos/acme/widgets/hooks/123``, ``orgs/acme/hooks/123`` or ``app/hook``.
+    ``api_base_url`` is ``https://api.github.com``, or ``https://HOST/api/v3`` on
+    Enterprise Server. The credential is either ``token`` or ``authorization``, a
+    function giving the ``Authorization`` header's value for each request (an
+    :class:`AppJwt` for ``app/hook``)."""
 
     def __init__(
         self,
         *,
         api_base_url: str,
         hook_path: str,
-        token: str,
+        token: str | None = None,
+        authorization: Callable[[], str] | None = None,
         timeout: float = 10.0,
         retries: int = 3,
         max_wait_seconds: float = 60.0,
@@ -159,13 +212,18 @@ class DeliveryLog:
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not _TOKEN.fullmatch(token):
+        if (token is None) == (authorization is None):
+            raise ValueError("give the delivery log either a token or an authorization")
+        if token is not None and not _TOKEN.fullmatch(token):
             raise ValueError("the GitHub token must be non-empty visible ASCII")
         if retries < 0 or max_wait_seconds < 0:
             raise ValueError("retries and max_wait_seconds must not be negative")
         self._api_base = _api_base(api_base_url)
         self._hook = _hook_path(hook_path)
-        self._token = token  # kept only to scrub it out of GitHub's messages
+        self._authorization = authorization or (lambda: f"Bearer {token}")
+        self._credential_name = "the token" if token is not None else "the credentials"
+        # The last credential sent, kept only to scrub it out of GitHub's messages.
+        self._credential = token or ""
         self._retries = retries
         self._wait_budget = max_wait_seconds
         self._waited = 0.0
@@ -175,7 +233,6 @@ class DeliveryLog:
             headers={
                 "Accept": "application/vnd.github+json",
                 "X-GitHub-Api-Version": API_VERSION,
-                "Authorization": f"Bearer {token}",
                 "User-Agent": USER_AGENT,
             },
             timeout=timeout,
@@ -254,7 +311,12 @@ class DeliveryLog:
         for tries in range(1, self._retries + 2):
             out_of_tries = tries > self._retries
             try:
-                response = self._client.request(method, f"{self._api_base}/{path}", params=params)
+                response = self._client.request(
+                    method,
+                    f"{self._api_base}/{path}",
+                    params=params,
+                    headers={"Authorization": self._authorization_header()},
+                )
             except httpx.TransportError as error:
                 reason = self._scrubbed(f"{type(error).__name__}: {error}")
                 if out_of_tries:
@@ -279,6 +341,15 @@ class DeliveryLog:
                 raise self._refusal(response, what, not_found)
             self._wait_out_rate_limit(wait, what, now=now, tries=tries)
         raise AssertionError("unreachable: the last try returns or raises")
+
+    def _authorization_header(self) -> str:
+        # Asked per request, not once: an App's JWT expires within 10 minutes.
+        value = self._authorization()
+        if not _HEADER_VALUE.fullmatch(value):
+            # Not quoted: the HTTP library's own refusal would quote the header.
+            raise ValueError("the Authorization value must be visible ASCII, one space at most")
+        self._credential = value.rpartition(" ")[2]
+        return value
 
     def _back_off(self, tries: int, what: str, reason: str) -> None:
         delay = min(_FIRST_BACKOFF_SECONDS * 2 ** (tries - 1), _MAX_BACKOFF_SECONDS)
@@ -311,7 +382,7 @@ class DeliveryLog:
         status = response.status_code
         if status == 401:
             return BadCredentials(
-                f"GitHub rejected the token for {what} (401 {said}): "
+                f"GitHub rejected {self._credential_name} for {what} (401 {said}): "
                 "it is wrong, expired or revoked"
             )
         if status == 403:
@@ -331,7 +402,7 @@ class DeliveryLog:
         return UnexpectedResponse(f"GitHub answered {status} to {what}: {said}")
 
     def _scrubbed(self, text: str) -> str:
-        return text.replace(self._token, "[token]")
+        return text.replace(self._credential, "[token]") if self._credential else text
 
 
 def missed_creates(

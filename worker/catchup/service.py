@@ -33,7 +33,13 @@ from models.inbox import DeliveryStatus, record_delivery
 from models.providers import PROVIDERS
 from models.sources import VerifyingSource, verifying_source
 from models.tables import CatchUpRun, utcnow
-from worker.catchup.github_log import AttemptNotFound, DeliveryLog, LoggedAttempt, missed_creates
+from worker.catchup.github_log import (
+    AppJwt,
+    AttemptNotFound,
+    DeliveryLog,
+    LoggedAttempt,
+    missed_creates,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +71,13 @@ class CatchUpReport:
 
 
 def open_log(settings: LogSettings) -> DeliveryLog:
+    if settings.token is not None:
+        return DeliveryLog(
+            api_base_url=settings.api_base_url, hook_path=settings.hook_path, token=settings.token
+        )
+    app = AppJwt(app_id=settings.app_id, private_key=settings.private_key)
     return DeliveryLog(
-        api_base_url=settings.api_base_url, hook_path=settings.hook_path, token=settings.token
+        api_base_url=settings.api_base_url, hook_path=settings.hook_path, authorization=app
     )
 
 

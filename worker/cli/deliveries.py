@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import click
 
@@ -12,6 +13,8 @@ from models.reports import (
     MAX_PAGE,
     DeliveryDetail,
     DeliverySummary,
+    Gaps,
+    gaps,
     inbox_stats,
     list_deliveries,
     show_delivery,
@@ -181,12 +184,14 @@ def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> 
 @json_option
 @pass_runtime
 def stats(runtime: CommandRuntime, as_json: bool) -> None:
-    """Deliveries by status, the age of the oldest queued one, and how many
-    were ignored as events their provider does not know."""
+    """Deliveries by status, the age of the oldest queued one, how many were
+    ignored as events their provider does not know, each source's last
+    catch-up, and the windows no ingress was up that no catch-up has covered."""
     with runtime.session() as session:
         found = inbox_stats(session=session)
+        missed = gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
     if as_json:
-        emit_json(found)
+        emit_json(asdict(found) | asdict(missed))
         return
     print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
     click.echo()
@@ -202,3 +207,23 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
             f"Oldest queued: received {format_age(found.oldest_queued_age_seconds or 0)} ago "
             f"({format_when(found.oldest_queued_at)} UTC)."
         )
+    _print_gaps(missed)
+
+
+def _print_gaps(missed: Gaps) -> None:
+    for run in missed.last_catch_ups:
+        if run.error is not None:
+            outcome = f"stopped: {run.error}"
+        elif run.covered_until is None:
+            outcome = f"a dry run or still running; {run.missed} missed"
+        else:
+            outcome = f"{run.missed} missed, {run.recovered} recovered"
+        click.echo(f"Last catch-up of {run.source}: {format_when(run.started_at)} UTC, {outcome}.")
+    for source, windows in missed.uncovered.items():
+        for window in windows:
+            click.echo(
+                f"Not caught up: {source} -- no ingress was up from {format_when(window.start)} "
+                f"to {format_when(window.end)} UTC ({format_age(window.seconds)}); "
+                f"taskhook catch-up github --source {source} "
+                f"--since {window.start.strftime('%Y-%m-%dT%H:%M:%S')}"
+            )

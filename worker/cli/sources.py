@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
@@ -13,8 +14,11 @@ from sqlalchemy.exc import IntegrityError
 from models.catchup import (
     GITHUB_API,
     checked_api_url,
+    checked_app_id,
     checked_hook_id,
+    checked_private_key,
     checked_target,
+    set_app_access,
     set_log_access,
 )
 from models.providers import PROVIDERS as REGISTRY
@@ -267,6 +271,17 @@ def source_rotate_secret(
     click.echo(f"Then: taskhook source rotate-secret {name} --finish")
 
 
+def _private_key_of(path: str) -> str:
+    """The PEM in file ``path``, checked; a refusal names the file, never its text."""
+    try:
+        pem = Path(path).read_bytes().decode("ascii")
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or 'unreadable'}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a PEM file") from None
+    return checked_private_key(pem)
+
+
 @source.command("catch-up")
 @click.argument("name")
 @click.option(
@@ -301,6 +316,20 @@ def source_rotate_secret(
     is_flag=True,
     help="Read the token from standard input instead of prompting for it.",
 )
+@click.option(
+    "--app-id",
+    default=None,
+    callback=checked_by(checked_app_id),
+    help="The hook is this GitHub App's own webhook: the App's id (no token asked).",
+)
+@click.option(
+    "--private-key-file",
+    "private_key",
+    default=None,
+    metavar="PATH",
+    callback=checked_by(_private_key_of),
+    help="With --app-id: the App's private key (PEM), which signs its JWTs.",
+)
 @json_option
 @pass_runtime
 def source_catch_up(
@@ -311,16 +340,35 @@ def source_catch_up(
     hook_id: str | None,
     api_url: str,
     token_stdin: bool,
+    app_id: str | None,
+    private_key: str | None,
     as_json: bool,
 ) -> None:
     """Let GitHub source NAME be caught up from its hook's delivery log.
 
-    The token (a fine-grained token with read access to the repository's or
-    organization's webhooks) is asked for without echo, or read from stdin;
-    it is never shown again. Then: taskhook catch-up github --source NAME
+    A repository's or organization's hook (--repo, --org) is read with a token
+    (fine-grained, with read access to its webhooks), asked for without echo or
+    read from stdin. A GitHub App's own hook (--app-id, --private-key-file) is
+    read with JWTs the App's private key signs. Neither credential is ever
+    shown again. Then: taskhook catch-up github --source NAME
     """
+    if app_id is not None or private_key is not None:
+        _check_app_options(app_id, private_key, repo or org, hook_id, token_stdin)
+        with runtime.session() as session:
+            set_app_access(
+                session=session,
+                slug=name,
+                app_id=app_id,
+                private_key=private_key,
+                api_base_url=api_url,
+            )
+        _report_access(name, "app", None, api_url, as_json, app_id=app_id)
+        return
     if (repo is None) == (org is None):
-        raise click.UsageError("name the hook's owner: --repo OWNER/REPO or --org ORG")
+        raise click.UsageError(
+            "name the hook's owner: --repo OWNER/REPO, --org ORG, "
+            "or --app-id ID --private-key-file PATH"
+        )
     target = repo or org  # as checked: repos/OWNER/REPO or orgs/ORG
     token = sys.stdin.readline() if token_stdin else click.prompt("Token", hide_input=True)
     with runtime.session() as session:
@@ -332,8 +380,39 @@ def source_catch_up(
             hook_id=hook_id,
             api_base_url=api_url,
         )
+    _report_access(name, target, hook_id, api_url, as_json)
+
+
+def _check_app_options(
+    app_id: str | None,
+    private_key: str | None,
+    owner: str | None,
+    hook_id: str | None,
+    token_stdin: bool,
+) -> None:
+    if app_id is None or private_key is None:
+        raise click.UsageError("a GitHub App takes both --app-id ID and --private-key-file PATH")
+    if owner is not None or hook_id is not None or token_stdin:
+        # The App's one hook is app/hook, read with its JWT: no owner, id or token.
+        raise click.UsageError(
+            "--app-id reads the App's own hook: it takes no --repo, --org, --hook-id "
+            "or --token-stdin"
+        )
+
+
+def _report_access(
+    name: str,
+    target: str,
+    hook_id: str | None,
+    api_url: str,
+    as_json: bool,
+    *,
+    app_id: str | None = None,
+) -> None:
     if as_json:
-        emit_json({"source": name, "target": target, "hook_id": hook_id, "api_url": api_url})
+        document = {"source": name, "target": target, "hook_id": hook_id, "api_url": api_url}
+        emit_json(document | ({"app_id": app_id} if app_id is not None else {}))
         return
-    click.echo(f"{name} can be caught up from the log of {target}'s hook at {api_url}.")
+    whose = f"GitHub App {app_id}'s own hook" if app_id is not None else f"{target}'s hook"
+    click.echo(f"{name} can be caught up from the log of {whose} at {api_url}.")
     click.echo(f"Then: taskhook catch-up github --source {name} --dry-run")
