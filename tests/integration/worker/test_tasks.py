@@ -14,6 +14,7 @@ import worker.processing
 import worker.tasks
 from models.db import session_scope
 from models.messages import (
+    CATCH_UP,
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
     PROCESS_DELIVERIES,
@@ -69,14 +70,22 @@ def test_the_app_is_configured_for_at_least_once_delivery():
     assert conf.task_routes[PROCESS_DELIVERIES] == {"queue": DELIVERIES_QUEUE}
     assert conf.task_routes[SWEEP] == {"queue": DELIVERIES_QUEUE}
     assert conf.task_routes[RELEASE_IDENTITY] == {"queue": OPERATOR_QUEUE}
-    (entry,) = conf.beat_schedule.values()
-    assert (entry["task"], entry["schedule"]) == (SWEEP, 15)
+    assert conf.task_routes[CATCH_UP] == {"queue": OPERATOR_QUEUE}
+    schedule = {entry["task"]: entry["schedule"] for entry in conf.beat_schedule.values()}
+    assert schedule == {SWEEP: 15, CATCH_UP: 3600}
+
+
+def test_catch_up_is_off_the_beat_schedule_at_interval_zero():
+    conf = make_celery_app(Settings(broker_url="memory://", catchup_interval_seconds=0)).conf
+    assert [entry["task"] for entry in conf.beat_schedule.values()] == [SWEEP]
 
 
 def test_the_worker_registers_its_tasks_by_their_message_names():
     app = make_celery_app(SETTINGS)
     app.loader.import_default_modules()
-    assert {PROCESS_DELIVERY, PROCESS_DELIVERIES, SWEEP, RELEASE_IDENTITY} <= set(app.tasks)
+    assert {PROCESS_DELIVERY, PROCESS_DELIVERIES, SWEEP, RELEASE_IDENTITY, CATCH_UP} <= set(
+        app.tasks
+    )
     assert app.tasks[RELEASE_IDENTITY].ignore_result is False
     assert app.conf.task_ignore_result is True
 
