@@ -48,6 +48,7 @@ import httpx
 import jwt
 
 from models.catchup import rsa_private_key
+from models.providers import PROVIDERS
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ _LONGEST_RATE_LIMIT_WAIT = 86_400.0
 _MAX_MESSAGE_CHARS = 200
 
 _T = TypeVar("_T")
+_GITHUB = PROVIDERS["github"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ class LoggedAttempt:
     def event_name(self) -> str:
         """The event as the GitHub provider names it (``issues.opened``, ``ping``):
         the names a source's ``create_events`` lists."""
-        return f"{self.event}.{self.action}" if self.action else self.event
+        # Read as the ingress reads a delivery's event, so the two cannot disagree.
+        payload = {} if self.action is None else {"action": self.action}
+        return _GITHUB.event_of({_GITHUB.event_header: self.event}, payload) or self.event
 
     @property
     def succeeded(self) -> bool:

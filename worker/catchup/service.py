@@ -139,10 +139,7 @@ def _read_and_recover(
         with session_scope(sessions) as session:
             return known_delivery_ids(session=session, source_id=source.id, delivery_ids=guids)
 
-    def creates(event: str, action: str | None) -> bool:
-        return _event_name(event, action) in source.create_events
-
-    missed = missed_creates(attempts, known_guids=known, create_events=creates)
+    missed = missed_creates(attempts, known_guids=known, create_events=source.create_events)
     report.missed = [attempt.guid for attempt in missed]
     if report.dry_run:
         return
@@ -201,12 +198,6 @@ def _recover(
     if not recorded.is_new or recorded.status is not DeliveryStatus.QUEUED:
         return None
     return recorded.pk
-
-
-def _event_name(event: str, action: str | None) -> str | None:
-    """The event as sources list it (``issues.opened``), read as the ingress reads it."""
-    payload = {} if action is None else {"action": action}
-    return GITHUB.event_of(httpx.Headers({GITHUB.event_header: event}), payload)
 
 
 def _record(
