@@ -2,7 +2,7 @@
 fake GitHub's log as failed deliveries; the real CLI recovers them, a real
 worker makes 50 tasks, once each, and nothing is made twice -- not by a second
 run, not by GitHub's own redelivery arriving late. Real processes on
-PostgreSQL and Redis; GitHub is tests/fakes/github_api.py."""
+PostgreSQL and Redis; GitHub is bench/fakes/github_api.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from models.tables import Delivery, Task
 from models.workspaces import create_workspace
 from tests.deliveries import FIXTURES, github_headers
 from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
-from tests.fakes.github_api import FakeGitHub
+from bench.fakes.github_api import FakeGitHub
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
 """Catch-up from GitHub's delivery log, against a local server that speaks
-GitHub's API (tests/fakes/github_api.py), on SQLite and PostgreSQL."""
+GitHub's API (bench/fakes/github_api.py), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from models.errors import InvalidSource
 from models.tables import CatchUpRun, CatchUpSource, Delivery, Workspace, utcnow
 from tests.conftest import Store
 from tests.deliveries import FIXTURES
-from tests.fakes.github_api import FakeGitHub
+from bench.fakes.github_api import FakeGitHub
 from tests.integration.scenarios import a_source
 from tests.integration.worker.feeds import tasks_of
 from tests.integration.worker.runs import run

@@ -38,7 +38,7 @@ from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
 from tests.conftest import TRUSTED, Store
 from tests.deliveries import FIXTURES
-from tests.fakes.github_api import FakeGitHub
+from bench.fakes.github_api import FakeGitHub
 from tests.integration.scenarios import (
     EXTERNAL_ID,
     SECRET,

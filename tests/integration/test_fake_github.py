@@ -1,4 +1,4 @@
-"""The fake GitHub delivery-log API (tests/fakes/github_api.py), over a real socket.
+"""The fake GitHub delivery-log API (bench/fakes/github_api.py), over a real socket.
 
 The catch-up's tests trust this server to answer as GitHub does, so these check it
 against GitHub's own examples (tests/fixtures/github_api/) and documented
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.github_api import FakeGitHub
+from bench.fakes.github_api import FakeGitHub
 
 HOOK = "repos/acme/widgets/hooks/123"
 ORG_HOOK = "orgs/acme/hooks/77"
