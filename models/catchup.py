@@ -1,9 +1,11 @@
-"""What the catch-up keeps: where a source's delivery log is read, and each run.
+"""What the catch-up keeps: where a source's provider is read, and each run.
 
 GitHub never redelivers a delivery our ingress failed to take; it keeps a log
-of them for 3 days (7 on Enterprise Server). A source configured here can be
-caught up from that log (``worker.catchup``); each run is recorded, and the
-last complete one is the cursor the next starts from.
+of them for 3 days (7 on Enterprise Server). Jira retries for a while, then
+gives up. A source configured here can be caught up (``worker.catchup``):
+a GitHub source from its hook's delivery log or by a scan of its issues and
+pull requests, a Jira source by a search of its site. Each run is recorded,
+and the last complete one is the cursor the next starts from.
 """
 
 from __future__ import annotations
@@ -19,11 +21,20 @@ from sqlalchemy import desc, select
 from sqlalchemy.orm import Session
 
 from models.errors import InvalidSource, SourceNotFound
-from models.tables import CatchUpRun, CatchUpSource, Delivery, WebhookSource, utcnow
+from models.tables import (
+    CatchUpRun,
+    CatchUpSource,
+    Delivery,
+    IdentityRelease,
+    Task,
+    WebhookSource,
+    utcnow,
+)
 
 GITHUB_API = "https://api.github.com"
 #: How long GitHub keeps a hook's deliveries (7 days on Enterprise Server):
-#: how far back a source's first catch-up reads.
+#: how far back a source's first catch-up reads (a Jira source's too: Jira
+#: gives up retrying well within it).
 GITHUB_LOG_RETENTION = timedelta(days=3)
 #: Read again from a little before the last run's end: an attempt GitHub
 #: logged just before that run listed may appear in the log a moment late.
@@ -35,6 +46,14 @@ _HOOK_ID = re.compile(r"[0-9]{1,20}")
 _APP_ID = re.compile(r"[0-9]{1,20}")
 #: The target of a GitHub App's own webhook: its hook path is ``app/hook``.
 APP_TARGET = "app"
+#: The target of a Jira source: its site, at ``api_base_url``.
+JIRA_TARGET = "jira"
+#: A repository's issues, the one thing a GitHub scan lists.
+REPO_PREFIX = "repos/"
+_REPO = re.compile(rf"{_OWNER}/[A-Za-z0-9._-]{{1,100}}")
+#: An email as Atlassian accounts have them: something@something, one line.
+_EMAIL = re.compile(r"[^@\s]{1,200}@[^@\s]{1,119}")
+_MAX_JQL = 2000
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,31 @@ class LogSettings:
     def __repr__(self) -> str:
         credential = "token=<hidden>" if self.token else f"app_id={self.app_id!r}, key=<hidden>"
         return f"LogSettings(source={self.slug!r}, hook_path={self.hook_path!r}, {credential})"
+
+    @property
+    def repo(self) -> str | None:
+        """``OWNER/REPO`` of a repository's hook: what a scan lists by default."""
+        if not self.hook_path.startswith(REPO_PREFIX):
+            return None
+        return self.hook_path.removeprefix(REPO_PREFIX).rpartition("/hooks/")[0]
+
+
+@dataclass(frozen=True)
+class JiraSettings:
+    """Where one Jira source's site is searched, and with what: an ``email``
+    and API token (Jira Cloud), or a personal access token alone (Data
+    Center); ``jql`` narrows the search. The token is never shown."""
+
+    source_id: int
+    slug: str
+    site_url: str
+    token: str
+    email: str | None = None
+    jql: str | None = None
+
+    def __repr__(self) -> str:
+        who = f"email={self.email!r}, token=<hidden>" if self.email else "pat=<hidden>"
+        return f"JiraSettings(source={self.slug!r}, site={self.site_url!r}, {who})"
 
 
 def set_log_access(
@@ -101,13 +145,50 @@ def set_app_access(
     )
 
 
+def set_jira_access(
+    *,
+    session: Session,
+    slug: str,
+    token: str,
+    email: str | None = None,
+    site_url: str | None = None,
+    jql: str | None = None,
+) -> CatchUpSource:
+    """Let Jira source ``slug`` be caught up by a search of its site:
+    ``site_url`` (by default the source's own), read with ``email`` and an API
+    token (Jira Cloud) or a personal access token alone (Data Center);
+    ``jql`` is the filter the source's webhook uses. Raises as
+    :func:`set_log_access` does."""
+    source = _source_of(session, slug, "jira", "a Jira site")
+    site_url = site_url or source.site_url
+    if site_url is None:
+        raise InvalidSource(
+            f"source {slug!r} names no Jira site: give the site's URL (--site https://…)"
+        )
+    access = _stored_access(
+        session,
+        source,
+        target=JIRA_TARGET,
+        hook_id=None,
+        api_base_url=checked_api_url(site_url),
+        token=checked_token(token),
+    )
+    access.email = checked_email(email)
+    access.jql = checked_jql(jql)
+    return access
+
+
 def _github_source(session: Session, slug: str) -> WebhookSource:
+    return _source_of(session, slug, "github", "GitHub")
+
+
+def _source_of(session: Session, slug: str, provider: str, what: str) -> WebhookSource:
     source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
     if source is None:
         raise SourceNotFound(f"source {slug!r} not found")
-    if source.provider != "github":
+    if source.provider != provider:
         raise InvalidSource(
-            f"source {slug!r} is a {source.provider} source; only GitHub keeps a delivery log"
+            f"source {slug!r} is a {source.provider} source; this access is for {what}"
         )
     return source
 
@@ -130,6 +211,7 @@ def _stored_access(
     access.token = token
     access.app_id = app_id
     access.private_key = private_key
+    access.email = access.jql = None
     access.api_base_url = api_base_url
     access.updated_at = utcnow()
     session.add(access)
@@ -157,6 +239,36 @@ def checked_token(token: str) -> str:
     if not token or any(c.isspace() for c in token):
         raise InvalidSource("the token must be one word, without spaces")
     return token
+
+
+def checked_repo(repo: str) -> str:
+    """``OWNER/REPO``; else :class:`InvalidSource`."""
+    if not _REPO.fullmatch(repo):
+        raise InvalidSource(f"a repository is OWNER/REPO, not {repo!r}")
+    return repo
+
+
+def checked_email(email: str | None) -> str | None:
+    """An Atlassian account's email, or None (a personal access token alone)."""
+    if email is None:
+        return None
+    email = email.strip()
+    if not _EMAIL.fullmatch(email):
+        raise InvalidSource(f"{email!r} is not an email address")
+    return email
+
+
+def checked_jql(jql: str | None) -> str | None:
+    """A JQL filter, one line, without its own ``ORDER BY`` (the search orders
+    by creation); else :class:`InvalidSource`. Jira itself checks the rest."""
+    if jql is None or not jql.strip():
+        return None
+    jql = jql.strip()
+    if len(jql) > _MAX_JQL or any(ord(c) < 32 for c in jql):
+        raise InvalidSource(f"a JQL filter is one line of at most {_MAX_JQL} characters")
+    if re.search(r"\border\s+by\b", jql, re.IGNORECASE):
+        raise InvalidSource("the JQL filter must not hold ORDER BY: the search orders by creation")
+    return jql
 
 
 def checked_app_id(app_id: str) -> str:
@@ -209,6 +321,8 @@ def log_settings(*, session: Session, slug: str) -> LogSettings:
     if row is None:
         raise SourceNotFound(f"source {slug!r} not found")
     source, access = row
+    if source.provider != "github":
+        raise InvalidSource(f"source {slug!r} is a {source.provider} source, not GitHub's")
     if access is None:
         raise InvalidSource(
             f"source {slug!r} has no access to its delivery log: "
@@ -244,6 +358,34 @@ def log_settings(*, session: Session, slug: str) -> LogSettings:
     )
 
 
+def jira_settings(*, session: Session, slug: str) -> JiraSettings:
+    """Where Jira source ``slug`` is searched. Raises :class:`SourceNotFound`
+    or :class:`InvalidSource` saying what to set."""
+    row = session.execute(
+        select(WebhookSource, CatchUpSource)
+        .outerjoin(CatchUpSource, CatchUpSource.source_id == WebhookSource.id)
+        .where(WebhookSource.slug == slug)
+    ).first()
+    if row is None:
+        raise SourceNotFound(f"source {slug!r} not found")
+    source, access = row
+    if source.provider != "jira":
+        raise InvalidSource(f"source {slug!r} is a {source.provider} source, not Jira's")
+    if access is None or access.target != JIRA_TARGET:
+        raise InvalidSource(
+            f"source {slug!r} has no access to its Jira site: "
+            f"taskhook source catch-up {slug} --email EMAIL (or --pat)"
+        )
+    return JiraSettings(
+        source_id=source.id,
+        slug=slug,
+        site_url=access.api_base_url,
+        token=access.token,
+        email=access.email,
+        jql=access.jql,
+    )
+
+
 def window_start(*, session: Session, source_id: int, now: datetime) -> datetime:
     """Where a run without ``--since`` starts: a little before the end of the
     last complete run, or as far back as GitHub keeps deliveries."""
@@ -274,13 +416,34 @@ def known_delivery_ids(*, session: Session, source_id: int, delivery_ids: list[s
     return known
 
 
-def sources_with_log_access(*, session: Session) -> list[str]:
-    """The enabled sources a catch-up can read the log of, by slug."""
-    return list(
-        session.scalars(
-            select(WebhookSource.slug)
+def known_identities(*, session: Session, workspace_id: int, external_ids: list[str]) -> set[str]:
+    """Which of ``external_ids`` the workspace has had a task for: one holds
+    it, or an operator released it. A scan creates neither again: a held one
+    is Found anyway, and a release is the operator's decision to act on the
+    next create the sender makes, not on an old one a scan turns up."""
+    known: set[str] = set()
+    for start in range(0, len(external_ids), 500):
+        chunk = external_ids[start : start + 500]
+        for table in (Task, IdentityRelease):
+            known.update(
+                session.scalars(
+                    select(table.external_id).where(
+                        table.workspace_id == workspace_id, table.external_id.in_(chunk)
+                    )
+                )
+            )
+    return known
+
+
+def sources_to_catch_up(*, session: Session) -> list[tuple[str, str]]:
+    """The enabled sources a catch-up can read, as (slug, provider): a GitHub
+    source's delivery log, a Jira source's site."""
+    return [
+        (slug, provider)
+        for slug, provider in session.execute(
+            select(WebhookSource.slug, WebhookSource.provider)
             .join(CatchUpSource, CatchUpSource.source_id == WebhookSource.id)
             .where(WebhookSource.enabled.is_(True))
             .order_by(WebhookSource.slug)
         )
-    )
+    ]

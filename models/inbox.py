@@ -112,6 +112,8 @@ class IncomingDelivery:
     task: NewTask | None = None
     #: How it reached the inbox (``models.tables.Delivery.origin``).
     origin: str = WEBHOOK_ORIGIN
+    #: The catch-up run that stored it; None for a webhook's.
+    catchup_run_id: int | None = None
 
     def __post_init__(self) -> None:
         if not self.body_sha256:
@@ -180,6 +182,7 @@ def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
         "payload_mismatches": 0,
         "external_id": incoming.external_id,
         "origin": incoming.origin,
+        "catchup_run_id": incoming.catchup_run_id,
         **_draft_columns(incoming.task),
     }
 
@@ -264,6 +267,7 @@ _INSERTED_COLUMNS = (
     "payload_mismatches",
     "external_id",
     "origin",
+    "catchup_run_id",
     *DRAFT_COLUMNS,
 )
 

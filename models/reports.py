@@ -603,15 +603,25 @@ def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
 # --- catch-up and downtime ------------------------------------------------------------------
 
 
+#: How many of a run's recovered deliveries ``stats`` names.
+RECOVERED_SHOWN = 10
+
+
 @dataclass(frozen=True)
 class LastCatchUp:
     source: str
+    provider: str
+    #: ``log``, ``scan`` or ``search`` (``models.tables.CatchUpRun.kind``).
+    kind: str
     started_at: datetime
     #: None while it runs, or when it stopped (``error`` says why) or was a dry run.
     covered_until: datetime | None
     missed: int
     recovered: int
     error: str | None
+    #: What it recovered: the external ids (or, for a body that names none,
+    #: the delivery ids) of the first :data:`RECOVERED_SHOWN` rows it stored.
+    recovered_items: list[str]
 
 
 @dataclass(frozen=True)
@@ -622,6 +632,8 @@ class Gaps:
     downtime: list[Window]
     uncovered: dict[str, list[Window]]
     last_catch_ups: list[LastCatchUp]
+    #: Each source's provider, by slug: which catch-up command covers it.
+    providers: dict[str, str]
 
 
 def gaps(*, session: Session, heartbeat_seconds: float, now: datetime | None = None) -> Gaps:
@@ -632,23 +644,44 @@ def gaps(*, session: Session, heartbeat_seconds: float, now: datetime | None = N
         .subquery()
     )
     last = session.execute(
-        select(WebhookSource.slug, CatchUpRun)
+        select(WebhookSource.slug, WebhookSource.provider, CatchUpRun)
         .join(newest, newest.c.id == CatchUpRun.id)
         .join(WebhookSource, WebhookSource.id == CatchUpRun.source_id)
         .order_by(WebhookSource.slug)
     ).all()
+    missing = uncovered(session=session, windows=windows)
     return Gaps(
         downtime=windows,
-        uncovered=uncovered(session=session, windows=windows),
+        uncovered=missing,
         last_catch_ups=[
             LastCatchUp(
                 source=slug,
+                provider=provider,
+                kind=run.kind,
                 started_at=run.started_at,
                 covered_until=run.covered_until,
                 missed=run.missed,
                 recovered=run.recovered,
                 error=run.error,
+                recovered_items=_recovered_items(session, run.id),
             )
-            for slug, run in last
+            for slug, provider, run in last
         ],
+        providers=dict(
+            session.execute(
+                select(WebhookSource.slug, WebhookSource.provider).where(
+                    WebhookSource.slug.in_(list(missing))
+                )
+            ).all()
+        ),
     )
+
+
+def _recovered_items(session: Session, run_id: int) -> list[str]:
+    rows = session.execute(
+        select(Delivery.external_id, Delivery.delivery_id)
+        .where(Delivery.catchup_run_id == run_id)
+        .order_by(Delivery.id)
+        .limit(RECOVERED_SHOWN)
+    )
+    return [external_id or delivery_id for external_id, delivery_id in rows]

@@ -255,11 +255,17 @@ class CatchUpSource(Base):
     #: ``https://api.github.com``, or ``https://HOST/api/v3`` for GitHub
     #: Enterprise Server.
     api_base_url: Mapped[str] = mapped_column(Text)
-    #: Whose hook: ``repos/OWNER/REPO``, ``orgs/ORG``, or ``app`` (``app/hook``).
+    #: Whose hook: ``repos/OWNER/REPO``, ``orgs/ORG``, or ``app`` (``app/hook``);
+    #: ``jira`` for a Jira site (``api_base_url`` is then the site's URL).
     target: Mapped[str] = mapped_column(String(300))
     #: The hook's id; None: the newest ``X-GitHub-Hook-ID`` the inbox kept.
     hook_id: Mapped[str | None] = mapped_column(String(64))
     token: Mapped[str | None] = mapped_column(Text)
+    #: A Jira Cloud site's: the account's email, which with ``token`` (an API
+    #: token) signs in; None with a Data Center personal access token.
+    email: Mapped[str | None] = mapped_column(String(320))
+    #: A Jira source's filter (the JQL its webhook uses): its search is narrowed to it.
+    jql: Mapped[str | None] = mapped_column(Text)
     #: A GitHub App's id and its private key (PEM): the App signs a JWT with it.
     app_id: Mapped[str | None] = mapped_column(String(20))
     private_key: Mapped[str | None] = mapped_column(Text)
@@ -291,6 +297,9 @@ class CatchUpRun(Base):
     source_id: Mapped[int] = mapped_column(
         ForeignKey("webhook_sources.id", ondelete="CASCADE"), index=True
     )
+    #: What was read: ``log`` (GitHub's delivery log), ``scan`` (GitHub's
+    #: issues and pull requests) or ``search`` (Jira's JQL search).
+    kind: Mapped[str] = mapped_column(String(16), server_default=text("'log'"))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     #: The window read: attempts delivered from ``since`` to ``covered_until``.
@@ -320,6 +329,13 @@ class Delivery(Base):
         Index("ix_deliveries_task_id", "task_id"),
         # The ingress's replay check: a body its source sent under another id.
         Index("ix_deliveries_source_body", "source_id", "body_sha256"),
+        # What a catch-up run recovered; webhook deliveries (nearly all) are left out.
+        Index(
+            "ix_deliveries_catchup_run_id",
+            "catchup_run_id",
+            postgresql_where=text("catchup_run_id IS NOT NULL"),
+            sqlite_where=text("catchup_run_id IS NOT NULL"),
+        ),
         {"sqlite_autoincrement": True},
     )
 
@@ -381,8 +397,11 @@ class Delivery(Base):
     draft_remote_key: Mapped[str | None] = mapped_column(Text)
     #: How the delivery reached the inbox: ``webhook`` (its sender posted it),
     #: ``catch-up`` (fetched from the provider's delivery log after the sender
-    #: failed to get it through: worker.catchup).
+    #: failed to get it through) or ``scan`` (synthesized from the item's
+    #: state, by a scan or a Jira search): worker.catchup.
     origin: Mapped[str] = mapped_column(String(16), server_default=text("'webhook'"))
+    #: The catch-up run that stored it (``catchup_runs.id``); None for a webhook's.
+    catchup_run_id: Mapped[int | None] = mapped_column(Integer)
 
 
 class ApiToken(Base):

@@ -23,32 +23,38 @@ Provider documentation this module follows:
   https://docs.github.com/en/apps/creating-github-apps/authenticating-with-a-github-app/generating-a-json-web-token-jwt-for-a-github-app
 
 Every request carries the credential -- a token, or a GitHub App's JWT
-(:class:`AppJwt`, for ``app/hook``); nothing this module raises, logs or prints
-does, nor the App's private key, and text GitHub sends back is scrubbed of the
-credential before it reaches a message.
-Every wait is bounded: a request is sent at most ``1 + retries`` times, and
-rate-limit waits share one budget per client (``max_wait_seconds``), so one
-catch-up run never waits longer than that for GitHub in all.
+(:class:`AppJwt`, for ``app/hook``); neither it nor the App's private key is
+ever in a message. Retries, rate-limit waits (one budget per client) and the
+errors are ``worker.catchup.api``'s, shared with the Jira search.
 """
 
 from __future__ import annotations
 
-import email.utils
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Container, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import jwt
 
 from models.catchup import rsa_private_key
 from models.providers import PROVIDERS
+from worker.catchup.api import (  # noqa: F401  (re-exported: the errors a log read raises)
+    ApiClient,
+    ApiUnavailable,
+    BadCredentials,
+    CatchUpError,
+    Forbidden,
+    RateLimited,
+    UnexpectedResponse,
+    aware,
+    base_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +68,6 @@ _HOOK_PATH = re.compile(r"repos/[^/\s]+/[^/\s]+/hooks/\d+|orgs/[^/\s]+/hooks/\d+
 #: Visible ASCII: anything else would be refused by the HTTP library in an
 #: error that quotes the header, token included.
 _TOKEN = re.compile(r"[\x21-\x7e]+")
-_HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?: [\x21-\x7e]+)?")
 _APP_ID = re.compile(r"[0-9]{1,20}")
 
 #: GitHub's advice: an ``iat`` 60 s in the past, in case its clock is behind ours.
@@ -72,18 +77,6 @@ _JWT_LIFETIME_SECONDS = 9 * 60
 #: A JWT this close to its ``exp`` is replaced: a request in flight, or one
 #: retried after a backoff, must not arrive with an expired one.
 _JWT_REFRESH_MARGIN_SECONDS = 60
-
-_FIRST_BACKOFF_SECONDS = 0.5  # doubled on each retry
-_MAX_BACKOFF_SECONDS = 8.0
-#: GitHub's advice when a rate-limited answer does not say how long to wait.
-_UNSAID_RATE_LIMIT_WAIT = 60.0
-#: X-RateLimit-Reset is in whole seconds: one more, so the window has reset on
-#: GitHub's clock too and the retry is not spent on a second refusal.
-_RESET_MARGIN_SECONDS = 1.0
-#: GitHub's windows last an hour; a longer figure is clamped so it stays a date.
-_LONGEST_RATE_LIMIT_WAIT = 86_400.0
-#: What of GitHub's own message an error quotes: enough to read, one line.
-_MAX_MESSAGE_CHARS = 200
 
 _T = TypeVar("_T")
 _GITHUB = PROVIDERS["github"]
@@ -126,40 +119,8 @@ class LoggedRequest:
     payload: dict[str, Any]
 
 
-class CatchUpError(Exception):
-    """The delivery log could not be read. The message is one line and never holds the token."""
-
-
-class BadCredentials(CatchUpError):
-    """GitHub refused the token (401), or answered 404 for the hook itself, which is
-    how it answers a token that may not see the hook."""
-
-
-class Forbidden(BadCredentials):
-    """A 403 that is not a rate limit: the token is valid but lacks the permission.
-    A :class:`BadCredentials` because the fix is the same: another token."""
-
-
-class RateLimited(CatchUpError):
-    """GitHub's rate limit holds longer than this client may still wait (its wait
-    budget or its tries are spent); ``retry_at`` is when GitHub said it lifts."""
-
-    def __init__(self, message: str, *, retry_at: datetime) -> None:
-        super().__init__(message)
-        self.retry_at = retry_at
-
-
-class ApiUnavailable(CatchUpError):
-    """GitHub answered 5xx, or could not be reached, on every try."""
-
-
 class AttemptNotFound(CatchUpError):
     """GitHub knows no such attempt: it left the log (3 days, 7 on Enterprise Server)."""
-
-
-class UnexpectedResponse(CatchUpError):
-    """GitHub answered something this client has no rule for: another status, or a
-    body that is not what the API documents."""
 
 
 class AppJwt:
@@ -194,81 +155,78 @@ class AppJwt:
         return jwt.encode(claims, self._key, algorithm="RS256"), float(expires_at)
 
 
-class DeliveryLog:
-    """The delivery log of one webhook. ``hook_path`` is the hook below the API's base
-    URL: ``repos/acme/widgets/hooks/123``, ``orgs/acme/hooks/123`` or ``app/hook``.
-    ``api_base_url`` is ``https://api.github.com``, or ``https://HOST/api/v3`` on
-    Enterprise Server. The credential is either ``token`` or ``authorization``, a
-    function giving the ``Authorization`` header's value for each request (an
-    :class:`AppJwt` for ``app/hook``)."""
+class GitHubApi(ApiClient):
+    """GitHub's REST API under ``api_base_url``: ``https://api.github.com``, or
+    ``https://HOST/api/v3`` on Enterprise Server. The credential is either
+    ``token`` or ``authorization``, a function giving the ``Authorization``
+    header's value for each request (an :class:`AppJwt`). Retries, waits and
+    errors are :class:`worker.catchup.api.ApiClient`'s."""
+
+    service = "GitHub"
+    #: What a 403 that is no rate limit means for this client's requests.
+    permission_hint = "the token lacks the permission"
 
     def __init__(
         self,
         *,
         api_base_url: str,
-        hook_path: str,
         token: str | None = None,
         authorization: Callable[[], str] | None = None,
-        timeout: float = 10.0,
-        retries: int = 3,
-        max_wait_seconds: float = 60.0,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.time,
-        transport: httpx.BaseTransport | None = None,
+        **options: Any,
     ) -> None:
         if (token is None) == (authorization is None):
-            raise ValueError("give the delivery log either a token or an authorization")
+            raise ValueError(f"give {type(self).__name__} either a token or an authorization")
         if token is not None and not _TOKEN.fullmatch(token):
             raise ValueError("the GitHub token must be non-empty visible ASCII")
-        if retries < 0 or max_wait_seconds < 0:
-            raise ValueError("retries and max_wait_seconds must not be negative")
-        self._api_base = _api_base(api_base_url)
-        self._hook = _hook_path(hook_path)
-        self._authorization = authorization or (lambda: f"Bearer {token}")
-        self._credential_name = "the token" if token is not None else "the credentials"
-        # The last credential sent, kept only to scrub it out of GitHub's messages.
-        self._credential = token or ""
-        self._retries = retries
-        self._wait_budget = max_wait_seconds
-        self._waited = 0.0
-        self._sleep = sleep
-        self._clock = clock
-        self._client = httpx.Client(
+        super().__init__(
+            base_url=base_url(
+                api_base_url,
+                "api_base_url is https://api.github.com, "
+                "or https://HOST/api/v3 on Enterprise Server",
+            ),
+            authorization=authorization or (lambda: f"Bearer {token}"),
+            credential_name="the token" if token is not None else "the credentials",
+            secrets=[token] if token else [],
             headers={
                 "Accept": "application/vnd.github+json",
                 "X-GitHub-Api-Version": API_VERSION,
                 "User-Agent": USER_AGENT,
             },
-            timeout=timeout,
-            transport=transport,
-            # A redirect would turn the redelivery's POST into a GET; an answer
-            # to change hook_path is clearer than a request that silently moved.
-            follow_redirects=False,
+            **options,
         )
 
+    def _forbidden(self, what: str, said: str) -> str:
+        return f"GitHub refused {what} (403 {said}): {self.permission_hint}"
+
+
+class DeliveryLog(GitHubApi):
+    """The delivery log of one webhook. ``hook_path`` is the hook below the API's base
+    URL: ``repos/acme/widgets/hooks/123``, ``orgs/acme/hooks/123`` or ``app/hook``."""
+
+    permission_hint = (
+        "the token may not read this hook's deliveries (it needs the 'Webhooks' "
+        "permission of the repository or organization, admin:repo_hook or "
+        "admin:org_hook on a classic token, or the App's JWT for app/hook)"
+    )
+
+    def __init__(self, *, hook_path: str, **client: Any) -> None:
+        self._hook = _hook_path(hook_path)
+        super().__init__(**client)
+
     def __repr__(self) -> str:
-        return f"<DeliveryLog {self._api_base}/{self._hook}>"
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._client.close()
+        return f"<DeliveryLog {self._base}/{self._hook}>"
 
     def attempts(self, *, since: datetime) -> Iterator[LoggedAttempt]:
         """Newest first, page after page (``per_page=100``, the cursor from the ``Link``
         header), stopping at the first attempt delivered before ``since`` (aware)."""
         # Checked now, not at the first next(): the generator below starts late.
-        return self._attempts_since(_aware(since, "since"))
+        return self._attempts_since(aware(since, "since"))
 
     def _attempts_since(self, since: datetime) -> Iterator[LoggedAttempt]:
         path, cursor, cursors_seen = f"{self._hook}/deliveries", None, set()
         while True:
             response = self._call("GET", path, params=_page_params(cursor), not_found=_hook_hidden)
-            for attempt in _page_attempts(response):
+            for attempt in _page_attempts(self._json(response, "a delivery log page")):
                 if attempt.delivered_at < since:
                     return
                 yield attempt
@@ -283,7 +241,7 @@ class DeliveryLog:
         """The headers and JSON body GitHub sent in attempt ``attempt_id``."""
         path = self._attempt_path(attempt_id)
         response = self._call("GET", path, not_found=_attempt_gone(attempt_id))
-        return _logged_request(_json(response, f"GET {path}"), attempt_id)
+        return _logged_request(self._json(response, f"GET {path}"), attempt_id)
 
     def redeliver(self, attempt_id: int) -> None:
         """Ask GitHub to send attempt ``attempt_id``'s delivery again (under its guid).
@@ -301,112 +259,6 @@ class DeliveryLog:
         if type(attempt_id) is not int or attempt_id <= 0:
             raise ValueError(f"an attempt id is a positive integer, not {attempt_id!r}")
         return f"{self._hook}/deliveries/{attempt_id}"
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        not_found: Callable[[str], CatchUpError],
-        params: dict[str, str | int] | None = None,
-    ) -> httpx.Response:
-        """GitHub's 2xx answer, after the retries and rate-limit waits this client allows."""
-        what = f"{method} {path}"
-        for tries in range(1, self._retries + 2):
-            out_of_tries = tries > self._retries
-            try:
-                response = self._client.request(
-                    method,
-                    f"{self._api_base}/{path}",
-                    params=params,
-                    headers={"Authorization": self._authorization_header()},
-                )
-            except httpx.TransportError as error:
-                reason = self._scrubbed(f"{type(error).__name__}: {error}")
-                if out_of_tries:
-                    raise ApiUnavailable(
-                        f"GitHub unreachable for {what} after {_tries(tries)} ({reason})"
-                    ) from error
-                self._back_off(tries, what, reason)
-                continue
-            if response.is_success:
-                return response
-            if response.is_server_error:
-                if out_of_tries:
-                    raise ApiUnavailable(
-                        f"GitHub answered {response.status_code} to {what} "
-                        f"on each of {_tries(tries)}"
-                    )
-                self._back_off(tries, what, f"HTTP {response.status_code}")
-                continue
-            now = self._clock()
-            wait = _rate_limit_wait(response, now=now)
-            if wait is None:
-                raise self._refusal(response, what, not_found)
-            self._wait_out_rate_limit(wait, what, now=now, tries=tries)
-        raise AssertionError("unreachable: the last try returns or raises")
-
-    def _authorization_header(self) -> str:
-        # Asked per request, not once: an App's JWT expires within 10 minutes.
-        value = self._authorization()
-        if not _HEADER_VALUE.fullmatch(value):
-            # Not quoted: the HTTP library's own refusal would quote the header.
-            raise ValueError("the Authorization value must be visible ASCII, one space at most")
-        self._credential = value.rpartition(" ")[2]
-        return value
-
-    def _back_off(self, tries: int, what: str, reason: str) -> None:
-        delay = min(_FIRST_BACKOFF_SECONDS * 2 ** (tries - 1), _MAX_BACKOFF_SECONDS)
-        log.warning("%s from GitHub on %s; retrying in %.1fs", reason, what, delay)
-        self._sleep(delay)
-
-    def _wait_out_rate_limit(self, wait: float, what: str, *, now: float, tries: int) -> None:
-        retry_at = datetime.fromtimestamp(now + wait, UTC)
-        left = self._wait_budget - self._waited
-        if tries > self._retries or wait > left:
-            why = (
-                f"still limited after {_tries(tries)}"
-                if tries > self._retries
-                else f"waiting {wait:.0f}s would exceed the {left:.0f}s left of the wait budget"
-            )
-            raise RateLimited(
-                f"GitHub's rate limit holds {what} until {_iso(retry_at)} ({why})",
-                retry_at=retry_at,
-            )
-        log.warning(
-            "GitHub's rate limit on %s: waiting %.0fs, until %s", what, wait, _iso(retry_at)
-        )
-        self._waited += wait
-        self._sleep(wait)
-
-    def _refusal(
-        self, response: httpx.Response, what: str, not_found: Callable[[str], CatchUpError]
-    ) -> CatchUpError:
-        said = self._scrubbed(_github_message(response))
-        status = response.status_code
-        if status == 401:
-            return BadCredentials(
-                f"GitHub rejected {self._credential_name} for {what} (401 {said}): "
-                "it is wrong, expired or revoked"
-            )
-        if status == 403:
-            return Forbidden(
-                f"GitHub refused {what} (403 {said}): the token may not read this hook's "
-                "deliveries (it needs the 'Webhooks' permission of the repository or "
-                "organization, admin:repo_hook or admin:org_hook on a classic token, "
-                "or the App's JWT for app/hook)"
-            )
-        if status == 404:
-            return not_found(what)
-        if response.is_redirect:
-            return UnexpectedResponse(
-                f"GitHub answered {status} to {what}: the hook moved to {_moved_to(response)}; "
-                "update the hook path"
-            )
-        return UnexpectedResponse(f"GitHub answered {status} to {what}: {said}")
-
-    def _scrubbed(self, text: str) -> str:
-        return text.replace(self._credential, "[token]") if self._credential else text
 
 
 def missed_creates(
@@ -470,16 +322,6 @@ def _held(
     return known_guids(guids) if guids else set()
 
 
-def _api_base(api_base_url: str) -> str:
-    base = api_base_url.strip().rstrip("/")
-    url = httpx.URL(base)
-    if url.scheme not in ("https", "http") or not url.host or url.query or url.fragment:
-        raise ValueError(
-            "api_base_url is https://api.github.com, or https://HOST/api/v3 on Enterprise Server"
-        )
-    return base
-
-
 def _hook_path(hook_path: str) -> str:
     path = hook_path.strip().strip("/")
     if not _HOOK_PATH.fullmatch(path):
@@ -527,15 +369,7 @@ def _next_cursor(response: httpx.Response) -> str | None:
     return cursor
 
 
-def _json(response: httpx.Response, what: str) -> Any:
-    try:
-        return response.json()
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
-        raise UnexpectedResponse(f"GitHub's answer to {what} is not JSON") from error
-
-
-def _page_attempts(response: httpx.Response) -> list[LoggedAttempt]:
-    rows = _json(response, "a delivery log page")
+def _page_attempts(rows: Any) -> list[LoggedAttempt]:
     if not isinstance(rows, list):
         raise UnexpectedResponse("GitHub's delivery log page is not a list")
     return [_attempt_from(row) for row in rows]
@@ -591,80 +425,3 @@ def _timestamp(row: dict[str, Any]) -> datetime:
         ) from error
     # GitHub writes UTC with a Z; a time without an offset is read as UTC too.
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
-
-
-def _aware(moment: datetime, name: str) -> datetime:
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError(f"{name} must be an aware datetime")
-    return moment.astimezone(UTC)
-
-
-def _rate_limit_wait(response: httpx.Response, *, now: float) -> float | None:
-    """How long GitHub asks to wait before the retry, or None when this is no rate limit.
-
-    GitHub sends X-RateLimit-* on every answer: only a remaining of 0 is a limit."""
-    if response.status_code not in (403, 429):
-        return None
-    headers = response.headers
-    if "retry-after" in headers:
-        return _clamped(_retry_after_seconds(headers["retry-after"], now=now))
-    if headers.get("x-ratelimit-remaining") == "0":
-        return _clamped(_seconds_until_reset(headers.get("x-ratelimit-reset"), now=now))
-    # A secondary rate limit may say nothing but its message.
-    if response.status_code == 429 or "rate limit" in _github_message(response).lower():
-        return _UNSAID_RATE_LIMIT_WAIT
-    return None
-
-
-def _retry_after_seconds(value: str, *, now: float) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:  # the HTTP-date form, which GitHub does not send but HTTP allows
-        return email.utils.parsedate_to_datetime(value).timestamp() - now
-    except (TypeError, ValueError, IndexError):
-        return _UNSAID_RATE_LIMIT_WAIT
-
-
-def _seconds_until_reset(value: str | None, *, now: float) -> float:
-    try:
-        reset = int(value or "")
-    except ValueError:
-        return _UNSAID_RATE_LIMIT_WAIT
-    return reset - now + _RESET_MARGIN_SECONDS
-
-
-def _clamped(wait: float) -> float:
-    if not math.isfinite(wait):
-        return _UNSAID_RATE_LIMIT_WAIT
-    return min(max(wait, 0.0), _LONGEST_RATE_LIMIT_WAIT)
-
-
-def _github_message(response: httpx.Response) -> str:
-    """GitHub's ``message``, on one short line (the reason phrase when there is none)."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    said = body.get("message") if isinstance(body, dict) else None
-    if not isinstance(said, str) or not said.strip():
-        said = response.reason_phrase or "no message"
-    line = " ".join(said.split())
-    return line if len(line) <= _MAX_MESSAGE_CHARS else line[: _MAX_MESSAGE_CHARS - 1] + "…"
-
-
-def _moved_to(response: httpx.Response) -> str:
-    # The path alone: a redirect's query is no business of an error message.
-    try:
-        return httpx.URL(response.headers.get("location", "")).path or "an unnamed place"
-    except httpx.InvalidURL:
-        return "an unreadable place"
-
-
-def _tries(count: int) -> str:
-    return "1 try" if count == 1 else f"{count} tries"
-
-
-def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,6 +1,15 @@
-"""Catch up a GitHub source from its hook's delivery log.
+"""Catch up a source: recover the create deliveries its sender failed to get through.
 
-GitHub never redelivers a delivery that failed. A run lists the hook's log
+Three kinds of run, each recorded as a ``catchup_runs`` row whose
+``covered_until`` (set only when the run read its whole window) is the next
+run's cursor:
+
+- ``log`` (:func:`catch_up_github`): GitHub's delivery log, below;
+- ``scan`` (:func:`scan_github`): a repository's issues and pull requests
+  created since a time, for what is older than the log;
+- ``search`` (:func:`catch_up_jira`): a Jira site's issues created since a time.
+
+The log: GitHub never redelivers a delivery that failed. A run lists the hook's log
 since the source's cursor, groups the attempts by ``guid`` (constant across
 redeliveries), and for every create delivery the inbox does not hold fetches
 what GitHub sent and stores it through the ingress's own reading
@@ -10,6 +19,15 @@ a later real redelivery of it is then a duplicate (``models.inbox``
 any delivery. Each recovered delivery commits on
 its own, so a run cut off halfway loses nothing it stored, and the next run
 finds those in the inbox and does not store them twice.
+
+A scan and a search have no delivery to fetch: they synthesize one per item
+-- ``issues.opened``/``pull_request.opened`` with the item as GitHub lists it,
+``jira:issue_created`` with the issue as Jira's search gives it -- under the
+delivery id ``scan:<external id>``, marked ``scan``, and store it through the
+same reading. An item whose scan delivery the inbox holds, or whose identity
+the workspace has had a task for (held, or released by an operator), is left
+alone: running a scan again and again stores nothing twice, and never undoes
+a release.
 """
 
 from __future__ import annotations
@@ -17,22 +35,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from ingest.adapters import Refusal, incoming_delivery
+from ingest.adapters import Refusal, incoming_delivery, read_delivery
 from ingest.webhooks import KEPT_HEADERS
-from models.catchup import LogSettings, known_delivery_ids, log_settings, window_start
+from models.catchup import (
+    JiraSettings,
+    LogSettings,
+    checked_repo,
+    jira_settings,
+    known_delivery_ids,
+    known_identities,
+    log_settings,
+    window_start,
+)
 from models.db import session_scope
 from models.errors import InvalidSource
 from models.inbox import DeliveryStatus, record_delivery
-from models.providers import PROVIDERS
+from models.providers import PROVIDERS, Provider
 from models.sources import VerifyingSource, verifying_source
 from models.tables import CatchUpRun, utcnow
+from worker.catchup.github_issues import AppInstallation, IssueListing, ListedItem
 from worker.catchup.github_log import (
     AppJwt,
     AttemptNotFound,
@@ -40,14 +70,20 @@ from worker.catchup.github_log import (
     LoggedAttempt,
     missed_creates,
 )
+from worker.catchup.jira_search import FoundIssue, JiraSearch
 
 log = logging.getLogger(__name__)
 
-ORIGIN = "catch-up"  # deliveries.origin of a recovered delivery
+ORIGIN = "catch-up"  # deliveries.origin of a delivery fetched from the provider's log
+SCAN_ORIGIN = "scan"  # deliveries.origin of one synthesized from an item's state
+SCAN_ID_PREFIX = "scan:"
 GITHUB = PROVIDERS["github"]
+JIRA = PROVIDERS["jira"]
 
 Send = Callable[[int], None]
 LogFactory = Callable[[LogSettings], DeliveryLog]
+ListingFactory = Callable[[LogSettings, str], IssueListing]
+SearchFactory = Callable[[JiraSettings], JiraSearch]
 
 
 @dataclass
@@ -56,29 +92,57 @@ class CatchUpReport:
 
     run_id: int
     source: str
+    kind: str
+    started_at: datetime
     since: datetime
     dry_run: bool
+    #: Log attempts, or items (issues, pull requests) listed.
     attempts_listed: int = 0
+    #: Distinct deliveries (guids) among the attempts, or items created since.
     deliveries_listed: int = 0
-    #: Guids of create deliveries the inbox did not hold.
+    #: Delivery ids of the creates the inbox did not hold (guids, or
+    #: ``scan:<external id>``).
     missed: list[str] = field(default_factory=list)
     #: Inbox rows stored for them (or, with ``redeliver``, attempts GitHub was
     #: asked to redeliver).
     recovered: list[int] = field(default_factory=list)
-    #: Guids the ingress's reading refused, with why (a body it cannot store).
+    #: Delivery ids the ingress's reading refused, with why.
     refused: dict[str, str] = field(default_factory=dict)
     covered_until: datetime | None = None
 
 
+@dataclass(frozen=True)
+class _Found:
+    """A delivery to store: fetched from a log, or synthesized by a scan."""
+
+    delivery_id: str
+    headers: httpx.Headers
+    body: bytes
+
+
 def open_log(settings: LogSettings) -> DeliveryLog:
+    return DeliveryLog(hook_path=settings.hook_path, **_github_credential(settings))
+
+
+def open_listing(settings: LogSettings, repo: str) -> IssueListing:
+    """The issue listing of ``repo``: with the source's token, or an App's
+    installation token for it, which the App's JWT mints."""
     if settings.token is not None:
-        return DeliveryLog(
-            api_base_url=settings.api_base_url, hook_path=settings.hook_path, token=settings.token
-        )
+        return IssueListing(api_base_url=settings.api_base_url, token=settings.token)
+    with AppInstallation(**_github_credential(settings)) as app:
+        token = app.token_for(repo)
+    return IssueListing(api_base_url=settings.api_base_url, token=token)
+
+
+def open_search(settings: JiraSettings) -> JiraSearch:
+    return JiraSearch(site_url=settings.site_url, token=settings.token, email=settings.email)
+
+
+def _github_credential(settings: LogSettings) -> dict[str, Any]:
+    if settings.token is not None:
+        return {"api_base_url": settings.api_base_url, "token": settings.token}
     app = AppJwt(app_id=settings.app_id, private_key=settings.private_key)
-    return DeliveryLog(
-        api_base_url=settings.api_base_url, hook_path=settings.hook_path, authorization=app
-    )
+    return {"api_base_url": settings.api_base_url, "authorization": app}
 
 
 def catch_up_github(
@@ -91,39 +155,138 @@ def catch_up_github(
     redeliver: bool = False,
     open_log: LogFactory = open_log,
 ) -> CatchUpReport:
-    """One catch-up of GitHub source ``slug``; see the module docstring.
+    """One catch-up of GitHub source ``slug`` from its hook's delivery log;
+    see the module docstring.
 
     ``send`` hands a stored delivery's key to the worker (after its commit);
     ``redeliver`` asks GitHub to send each missed delivery again instead of
     fetching it. Raises the domain's errors for a source that cannot be
-    caught up, and ``worker.catchup.github_log.CatchUpError`` when GitHub's
-    API refuses or is down -- recorded on the run first.
+    caught up, and ``worker.catchup.api.CatchUpError`` when GitHub's API
+    refuses or is down -- recorded on the run first.
     """
+    settings, source, report = _start(sessions, GITHUB, slug, "log", since, dry_run, log_settings)
+
+    def read(report: CatchUpReport) -> None:
+        with open_log(settings) as delivery_log:
+            _read_log(sessions, delivery_log, source, report, send, redeliver)
+
+    return _run(sessions, report, read, covers=True)
+
+
+def scan_github(
+    *,
+    sessions: sessionmaker[Session],
+    slug: str,
+    send: Send,
+    since: datetime | None = None,
+    repo: str | None = None,
+    dry_run: bool = False,
+    open_listing: ListingFactory = open_listing,
+) -> CatchUpReport:
+    """One scan of GitHub source ``slug``: the issues and pull requests of
+    ``repo`` (by default the repository whose hook the source reads) created
+    since ``since``, each create the workspace never had stored as a
+    synthesized delivery. A scan of the source's own repository covers the
+    source up to when it began; a scan of one repository of an organization's
+    or App's hook does not (its other repositories were not read)."""
+    settings, source, report = _start(sessions, GITHUB, slug, "scan", since, dry_run, log_settings)
+    if repo is None and settings.repo is None:
+        raise InvalidSource(
+            f"source {slug!r} reads {settings.hook_path}, not one repository: "
+            "name the repository to scan (--repo OWNER/REPO)"
+        )
+    repo = checked_repo(repo or settings.repo)
+
+    def read(report: CatchUpReport) -> None:
+        with open_listing(settings, repo) as listing:
+            items = list(listing.created_since(repo, since=report.since))
+        report.attempts_listed = report.deliveries_listed = len(items)
+        _store_synthesized(
+            sessions, GITHUB, source, report, send, (_github_item(repo, item) for item in items)
+        )
+
+    return _run(sessions, report, read, covers=repo == settings.repo)
+
+
+def catch_up_jira(
+    *,
+    sessions: sessionmaker[Session],
+    slug: str,
+    send: Send,
+    since: datetime | None = None,
+    dry_run: bool = False,
+    open_search: SearchFactory = open_search,
+) -> CatchUpReport:
+    """One search of Jira source ``slug``'s site: the issues created since
+    ``since`` (by default the last run's end) that the source's filter
+    matches, each the workspace never had stored as a synthesized
+    ``jira:issue_created``."""
+    settings, source, report = _start(sessions, JIRA, slug, "search", since, dry_run, jira_settings)
+
+    def read(report: CatchUpReport) -> None:
+        with open_search(settings) as search:
+            issues = list(search.created_since(since=report.since, jql=settings.jql))
+        report.attempts_listed = report.deliveries_listed = len(issues)
+        _store_synthesized(
+            sessions, JIRA, source, report, send, (_jira_issue(issue) for issue in issues)
+        )
+
+    return _run(sessions, report, read, covers=True)
+
+
+def _start(
+    sessions: sessionmaker[Session],
+    provider: Provider,
+    slug: str,
+    kind: str,
+    since: datetime | None,
+    dry_run: bool,
+    settings_of: Callable[..., Any],
+) -> tuple[Any, VerifyingSource, CatchUpReport]:
+    """The source's access, the source, and the run's row, committed: a run
+    that stops is recorded as stopped, not lost."""
     started = utcnow()
     with session_scope(sessions) as session:
-        settings = log_settings(session=session, slug=slug)
-        source = verifying_source(session=session, provider=GITHUB.name, slug=slug)
+        settings = settings_of(session=session, slug=slug)
+        source = verifying_source(session=session, provider=provider.name, slug=slug)
         if source is None:
             raise InvalidSource(f"source {slug!r} is disabled; enable it to catch it up")
         since = since or window_start(session=session, source_id=source.id, now=started)
-        run = CatchUpRun(source_id=source.id, since=since, dry_run=dry_run, started_at=started)
+        run = CatchUpRun(
+            source_id=source.id, kind=kind, since=since, dry_run=dry_run, started_at=started
+        )
         session.add(run)
         session.flush()
-        report = CatchUpReport(run_id=run.id, source=slug, since=since, dry_run=dry_run)
+        report = CatchUpReport(
+            run_id=run.id,
+            source=slug,
+            kind=kind,
+            started_at=started,
+            since=since,
+            dry_run=dry_run,
+        )
+    return settings, source, report
 
+
+def _run(
+    sessions: sessionmaker[Session],
+    report: CatchUpReport,
+    read: Callable[[CatchUpReport], None],
+    *,
+    covers: bool,
+) -> CatchUpReport:
     try:
-        with open_log(settings) as delivery_log:
-            _read_and_recover(sessions, delivery_log, source, report, send, redeliver)
+        read(report)
     except Exception as error:
         _record(sessions, report, error=f"{type(error).__name__}: {error}")
         raise
-    # The log is read up to when this run began listing it: the next run's cursor.
-    report.covered_until = None if dry_run else started
+    # Read up to when this run began: the next run's cursor.
+    report.covered_until = report.started_at if covers and not report.dry_run else None
     _record(sessions, report)
     return report
 
 
-def _read_and_recover(
+def _read_log(
     sessions: sessionmaker[Session],
     delivery_log: DeliveryLog,
     source: VerifyingSource,
@@ -148,56 +311,138 @@ def _read_and_recover(
             delivery_log.redeliver(attempt.id)
             report.recovered.append(attempt.id)
             continue
-        pk = _recover(sessions, delivery_log, source, attempt, report)
-        if pk is not None:
-            report.recovered.append(pk)
-            send(pk)  # committed first: the message never names a row that might not exist
+        found = _fetched(delivery_log, attempt, report)
+        if found is not None:
+            _store(sessions, GITHUB, source, found, ORIGIN, report, send)
 
 
-def _recover(
-    sessions: sessionmaker[Session],
-    delivery_log: DeliveryLog,
-    source: VerifyingSource,
-    attempt: LoggedAttempt,
-    report: CatchUpReport,
-) -> int | None:
-    """Store what GitHub sent for ``attempt``; the new row's key when it is
-    queued for the worker, None when it is not (refused, or stored meanwhile)."""
+def _fetched(
+    delivery_log: DeliveryLog, attempt: LoggedAttempt, report: CatchUpReport
+) -> _Found | None:
+    """What GitHub sent for ``attempt``; None when it left the log since it was listed."""
     try:
         sent = delivery_log.request_of(attempt.id)
-    except AttemptNotFound as error:  # gone from GitHub's log since it was listed
+    except AttemptNotFound as error:
         report.refused[attempt.guid] = str(error)
         return None
-    headers = httpx.Headers(sent.headers)
     # GitHub's log keeps the payload as JSON, not the bytes it signed: the
     # body is rebuilt from it, as JSON whatever the hook's content type. It
     # was read from GitHub's API with the source's own credential, which
     # stands in for the signature.
-    body = json.dumps(sent.payload, ensure_ascii=False, separators=(",", ":")).encode()
-    headers["content-type"] = "application/json"
-    kept = {
-        name: headers[name] for name in (*KEPT_HEADERS, *GITHUB.kept_headers) if name in headers
+    return _Found(attempt.guid, httpx.Headers(sent.headers), _json_body(sent.payload))
+
+
+def _github_item(repo: str, listed: ListedItem) -> tuple[str, str, _Found]:
+    """The ``issues.opened`` or ``pull_request.opened`` GitHub would have sent
+    for ``listed``: what to call it, the event, and the delivery (its id set
+    by the caller)."""
+    repository = {"full_name": repo, "name": repo.partition("/")[2]}
+    if listed.pull_request:
+        name = "pull_request"
+        payload = {"action": "opened", "number": listed.number, "pull_request": listed.item}
+    else:
+        name, payload = "issues", {"action": "opened", "issue": listed.item}
+    payload["repository"] = repository
+    headers = httpx.Headers({GITHUB.event_header: name})
+    return f"{repo}#{listed.number}", f"{name}.opened", _Found("", headers, _json_body(payload))
+
+
+def _jira_issue(found: FoundIssue) -> tuple[str, str, _Found]:
+    """The ``jira:issue_created`` Jira would have sent for ``found``."""
+    event = "jira:issue_created"
+    payload = {
+        # When it was made, not when the issue was: the body's own send time.
+        "timestamp": int(time.time() * 1000),
+        "webhookEvent": event,
+        "issue": found.issue,
     }
+    return found.key, event, _Found("", httpx.Headers(), _json_body(payload))
+
+
+def _store_synthesized(
+    sessions: sessionmaker[Session],
+    provider: Provider,
+    source: VerifyingSource,
+    report: CatchUpReport,
+    send: Send,
+    synthesized: Iterable[tuple[str, str, _Found]],
+) -> None:
+    """Store, oldest first, each synthesized create the workspace never had."""
+    by_id: dict[str, tuple[str, _Found]] = {}
+    for label, event, found in synthesized:
+        if event not in source.create_events:
+            continue  # the source makes no task of it (say, pull requests)
+        payload = json.loads(found.body)
+        external_id = read_delivery(provider, event, payload, source.site_url).external_id
+        if external_id is None:
+            report.refused[label] = "it names no external id the worker could use"
+            continue
+        by_id[external_id] = (event, replace(found, delivery_id=SCAN_ID_PREFIX + external_id))
+    with session_scope(sessions) as session:
+        held = known_identities(
+            session=session, workspace_id=source.workspace_id, external_ids=list(by_id)
+        )
+        stored = known_delivery_ids(
+            session=session,
+            source_id=source.id,
+            delivery_ids=[found.delivery_id for _, found in by_id.values()],
+        )
+    missing = [
+        found
+        for external_id, (_, found) in reversed(by_id.items())  # listed newest first
+        if external_id not in held and found.delivery_id not in stored
+    ]
+    report.missed = [found.delivery_id for found in missing]
+    if report.dry_run:
+        return
+    for found in missing:
+        _store(sessions, provider, source, found, SCAN_ORIGIN, report, send)
+
+
+def _store(
+    sessions: sessionmaker[Session],
+    provider: Provider,
+    source: VerifyingSource,
+    found: _Found,
+    origin: str,
+    report: CatchUpReport,
+    send: Send,
+) -> None:
+    """Store ``found`` through the ingress's own reading; hand it to the
+    worker once committed, when it is new and queued."""
+    headers = found.headers
+    headers["content-type"] = "application/json"
     try:
         incoming, _known = incoming_delivery(
-            GITHUB,
+            provider,
             source,
-            delivery_id=attempt.guid,
+            delivery_id=found.delivery_id,
             headers=headers,
-            body=body,
-            body_sha256=hashlib.sha256(body).hexdigest(),
-            kept_headers=kept,
-            max_age_seconds=0,  # GitHub's bodies do not say when they were sent
+            body=found.body,
+            body_sha256=hashlib.sha256(found.body).hexdigest(),
+            kept_headers=_kept(provider, headers),
+            max_age_seconds=0,  # read from the provider's API, not replayed by a stranger
         )
     except Refusal as refusal:
-        report.refused[attempt.guid] = refusal.reason
-        return None
+        report.refused[found.delivery_id] = refusal.reason
+        return
+    incoming = replace(incoming, origin=origin, catchup_run_id=report.run_id)
     with session_scope(sessions) as session:
-        recorded = record_delivery(session=session, incoming=replace(incoming, origin=ORIGIN))
-    log.info("catch-up %s: delivery %s stored as %s", report.source, attempt.guid, recorded.pk)
-    if not recorded.is_new or recorded.status is not DeliveryStatus.QUEUED:
-        return None
-    return recorded.pk
+        recorded = record_delivery(session=session, incoming=incoming)
+    log.info("catch-up %s: delivery %s stored as %s", report.source, found.delivery_id, recorded.pk)
+    if recorded.is_new and recorded.status is DeliveryStatus.QUEUED:
+        report.recovered.append(recorded.pk)
+        send(recorded.pk)  # committed first: the message never names a row that might not exist
+
+
+def _kept(provider: Provider, headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: headers[name] for name in (*KEPT_HEADERS, *provider.kept_headers) if name in headers
+    }
+
+
+def _json_body(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _record(

@@ -7,21 +7,22 @@ from typing import Any
 
 from celery import shared_task
 
-from models.catchup import sources_with_log_access
+from models.catchup import sources_to_catch_up
 from models.db import session_scope
 from models.errors import TaskStoreError
 from models.messages import CATCH_UP, PROCESS_DELIVERY
 from worker import runtime
-from worker.catchup.github_log import CatchUpError
-from worker.catchup.service import catch_up_github
+from worker.catchup.api import CatchUpError
+from worker.catchup.service import catch_up_github, catch_up_jira
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name=CATCH_UP, bind=True)
 def catch_up(self) -> dict[str, Any]:
-    """Catch up every source with access to its delivery log, one after the
-    other. A source that fails (bad credentials, a rate limit, GitHub down)
+    """Catch up every source with access to its provider, one after the
+    other: a GitHub source from its delivery log, a Jira source by a search
+    of its site. A source that fails (bad credentials, a rate limit, the API down)
     is recorded on its run and logged; the others go on, and the next beat
     tries it again: never a crash loop."""
 
@@ -29,11 +30,12 @@ def catch_up(self) -> dict[str, Any]:
         self.app.send_task(PROCESS_DELIVERY, args=[pk])
 
     with session_scope(runtime.sessions()) as session:
-        slugs = sources_with_log_access(session=session)
+        sources = sources_to_catch_up(session=session)
     done: dict[str, Any] = {}
-    for slug in slugs:
+    for slug, provider in sources:
+        run = catch_up_jira if provider == "jira" else catch_up_github
         try:
-            report = catch_up_github(sessions=runtime.sessions(), slug=slug, send=send)
+            report = run(sessions=runtime.sessions(), slug=slug, send=send)
         except (CatchUpError, TaskStoreError) as error:
             log.warning("catch-up of %s stopped: %s", slug, error)
             done[slug] = {"error": str(error)}

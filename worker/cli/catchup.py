@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import click
 
+from models.catchup import checked_repo
 from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY
 from models.tables import utcnow
 from worker.cli.output import emit_json, json_option, print_fields
+from worker.cli.params import checked_by
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
+
+if TYPE_CHECKING:
+    from worker.catchup.service import CatchUpReport
 
 _DURATION = re.compile(r"([1-9][0-9]{0,5})([mhd])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
@@ -38,22 +46,41 @@ class Since(click.ParamType):
 
 @click.group("catch-up")
 def catch_up() -> None:
-    """Recover deliveries the sender failed to get through (GitHub's delivery log)."""
+    """Recover deliveries the sender failed to get through: GitHub's delivery
+    log or a scan of its issues, Jira's search."""
+
+
+_since_option = click.option(
+    "--since",
+    type=Since(),
+    default=None,
+    help="Read from then (90m, 6h, 3d, or a UTC date); by default from the last run's end.",
+)
+_dry_run_option = click.option(
+    "--dry-run", is_flag=True, help="Say what is missing; store nothing."
+)
 
 
 @catch_up.command("github")
 @click.option("--source", "slug", required=True, help="The GitHub source to catch up.")
-@click.option(
-    "--since",
-    type=Since(),
-    default=None,
-    help="Read from then (90m, 6h, 3d, or a date); by default from the last run's end.",
-)
-@click.option("--dry-run", is_flag=True, help="Say what is missing; store nothing.")
+@_since_option
+@_dry_run_option
 @click.option(
     "--redeliver",
     is_flag=True,
     help="Ask GitHub to send each missing delivery again, instead of fetching it.",
+)
+@click.option(
+    "--scan",
+    is_flag=True,
+    help="List the issues and pull requests created since, instead of the delivery log "
+    "(for what is older than the log's 3 days).",
+)
+@click.option(
+    "--repo",
+    default=None,
+    callback=checked_by(checked_repo),
+    help="With --scan: the repository to list (OWNER/REPO); by default the source's hook's.",
 )
 @json_option
 @pass_runtime
@@ -63,13 +90,57 @@ def catch_up_github_command(
     since: datetime | None,
     dry_run: bool,
     redeliver: bool,
+    scan: bool,
+    repo: str | None,
     as_json: bool,
 ) -> None:
     """List the hook's deliveries since the last run and store every create
     delivery the inbox does not hold, as if it had arrived: the worker then
-    creates its task, once. Safe to run again and again."""
-    from worker.catchup.github_log import CatchUpError
-    from worker.catchup.service import catch_up_github
+    creates its task, once. With --scan, list the repository's issues and pull
+    requests instead, and store a create for each one the workspace never had.
+    Safe to run again and again."""
+    from worker.catchup.service import catch_up_github, scan_github
+
+    if scan and redeliver:
+        raise click.UsageError("--redeliver asks GitHub's log; a --scan reads no log")
+    if repo is not None and not scan:
+        raise click.UsageError("--repo names the repository a --scan lists")
+    if scan:
+        run = functools.partial(scan_github, repo=repo)
+    else:
+        run = functools.partial(catch_up_github, redeliver=redeliver)
+    _run_and_report(runtime, run, slug, since, dry_run, as_json, redeliver=redeliver)
+
+
+@catch_up.command("jira")
+@click.option("--source", "slug", required=True, help="The Jira source to catch up.")
+@_since_option
+@_dry_run_option
+@json_option
+@pass_runtime
+def catch_up_jira_command(
+    runtime: CommandRuntime, slug: str, since: datetime | None, dry_run: bool, as_json: bool
+) -> None:
+    """Search the source's Jira site for the issues created since the last run
+    (narrowed by the source's JQL filter) and store a jira:issue_created for
+    each one the workspace never had: the worker then creates its task, once.
+    Safe to run again and again."""
+    from worker.catchup.service import catch_up_jira
+
+    _run_and_report(runtime, catch_up_jira, slug, since, dry_run, as_json)
+
+
+def _run_and_report(
+    runtime: CommandRuntime,
+    run: Callable[..., CatchUpReport],
+    slug: str,
+    since: datetime | None,
+    dry_run: bool,
+    as_json: bool,
+    *,
+    redeliver: bool = False,
+) -> None:
+    from worker.catchup.api import CatchUpError
 
     unsent: list[int] = []
 
@@ -83,14 +154,7 @@ def catch_up_github_command(
                 click.echo(f"The broker did not take a message ({first_line(error)}).", err=True)
 
     try:
-        report = catch_up_github(
-            sessions=runtime.sessions,
-            slug=slug,
-            send=send,
-            since=since,
-            dry_run=dry_run,
-            redeliver=redeliver,
-        )
+        report = run(sessions=runtime.sessions, slug=slug, send=send, since=since, dry_run=dry_run)
     except CatchUpError as error:
         raise Refused(f"catch-up of {slug} stopped: {error}") from None
     if as_json:
@@ -98,6 +162,7 @@ def catch_up_github_command(
             {
                 "run": report.run_id,
                 "source": slug,
+                "kind": report.kind,
                 "since": report.since,
                 "covered_until": report.covered_until,
                 "dry_run": dry_run,
@@ -111,22 +176,38 @@ def catch_up_github_command(
         )
         return
     verb = "would recover" if dry_run else ("asked GitHub to redeliver" if redeliver else "stored")
+    if report.kind == "log":
+        listed = (
+            ("Attempts listed", report.attempts_listed),
+            ("Deliveries listed", report.deliveries_listed),
+        )
+    else:
+        listed = (("Items created since", report.deliveries_listed),)
     print_fields(
         (
             ("Source", slug),
+            ("Read", _READ[report.kind]),
             ("Read since", report.since),
-            ("Attempts listed", report.attempts_listed),
-            ("Deliveries listed", report.deliveries_listed),
+            *listed,
             ("Missed creates", len(report.missed)),
             (verb.capitalize(), len(report.missed) if dry_run else len(report.recovered)),
         )
     )
-    for guid, why in report.refused.items():
-        click.echo(f"Not stored: {guid}: {why}")
+    for delivery_id, why in report.refused.items():
+        click.echo(f"Not stored: {delivery_id}: {why}")
+    if report.kind == "scan" and report.covered_until is None and not dry_run:
+        click.echo("This scan read one repository of the hook's: the source is not covered by it.")
     if unsent:
         click.echo(
             f"{len(unsent)} stored but not sent: the sweeper sends them once the broker is back."
         )
+
+
+_READ = {
+    "log": "GitHub's delivery log",
+    "scan": "GitHub's issues and pull requests",
+    "search": "Jira's issue search",
+}
 
 
 def _load_celery_app():

@@ -215,15 +215,29 @@ def _print_gaps(missed: Gaps) -> None:
         if run.error is not None:
             outcome = f"stopped: {run.error}"
         elif run.covered_until is None:
-            outcome = f"a dry run or still running; {run.missed} missed"
+            outcome = f"a dry run, still running or a partial scan; {run.missed} missed"
         else:
             outcome = f"{run.missed} missed, {run.recovered} recovered"
-        click.echo(f"Last catch-up of {run.source}: {format_when(run.started_at)} UTC, {outcome}.")
+        click.echo(
+            f"Last catch-up of {run.source} ({_RUN_KINDS.get(run.kind, run.kind)}): "
+            f"{format_when(run.started_at)} UTC, {outcome}."
+        )
+        if run.recovered_items:
+            more = run.recovered - len(run.recovered_items)
+            click.echo(
+                "  Recovered: "
+                + ", ".join(run.recovered_items)
+                + (f" and {more} more" if more > 0 else "")
+            )
     for source, windows in missed.uncovered.items():
+        command = "jira" if missed.providers.get(source) == "jira" else "github"
         for window in windows:
             click.echo(
                 f"Not caught up: {source} -- no ingress was up from {format_when(window.start)} "
                 f"to {format_when(window.end)} UTC ({format_age(window.seconds)}); "
-                f"taskhook catch-up github --source {source} "
+                f"taskhook catch-up {command} --source {source} "
                 f"--since {window.start.strftime('%Y-%m-%dT%H:%M:%S')}"
             )
+
+
+_RUN_KINDS = {"log": "delivery log", "scan": "scan", "search": "Jira search"}

@@ -15,10 +15,13 @@ from models.catchup import (
     GITHUB_API,
     checked_api_url,
     checked_app_id,
+    checked_email,
     checked_hook_id,
+    checked_jql,
     checked_private_key,
     checked_target,
     set_app_access,
+    set_jira_access,
     set_log_access,
 )
 from models.providers import PROVIDERS as REGISTRY
@@ -330,6 +333,29 @@ def _private_key_of(path: str) -> str:
     callback=checked_by(_private_key_of),
     help="With --app-id: the App's private key (PEM), which signs its JWTs.",
 )
+@click.option(
+    "--email",
+    default=None,
+    callback=checked_by(checked_email),
+    help="A Jira Cloud source: the account's email; its API token is asked for next.",
+)
+@click.option(
+    "--pat",
+    is_flag=True,
+    help="A Jira Data Center source: read with a personal access token (asked for next).",
+)
+@click.option(
+    "--site",
+    default=None,
+    callback=checked_by(checked_api_url),
+    help="A Jira source: the site's URL; by default the one the source names.",
+)
+@click.option(
+    "--jql",
+    default=None,
+    callback=checked_by(checked_jql),
+    help="A Jira source: the JQL filter its webhook uses, which narrows the search.",
+)
 @json_option
 @pass_runtime
 def source_catch_up(
@@ -342,16 +368,46 @@ def source_catch_up(
     token_stdin: bool,
     app_id: str | None,
     private_key: str | None,
+    email: str | None,
+    pat: bool,
+    site: str | None,
+    jql: str | None,
     as_json: bool,
 ) -> None:
-    """Let GitHub source NAME be caught up from its hook's delivery log.
+    """Let source NAME be caught up: a GitHub source from its hook's delivery
+    log (and by a scan of its issues), a Jira source by a search of its site.
 
     A repository's or organization's hook (--repo, --org) is read with a token
-    (fine-grained, with read access to its webhooks), asked for without echo or
-    read from stdin. A GitHub App's own hook (--app-id, --private-key-file) is
-    read with JWTs the App's private key signs. Neither credential is ever
-    shown again. Then: taskhook catch-up github --source NAME
+    (fine-grained, with read access to its webhooks and issues), asked for
+    without echo or read from stdin. A GitHub App's own hook (--app-id,
+    --private-key-file) is read with JWTs the App's private key signs. A Jira
+    site is read with an account's email and API token (--email, Jira Cloud)
+    or a personal access token (--pat, Data Center). No credential is ever
+    shown again. Then: taskhook catch-up github --source NAME (or jira).
     """
+    if email is not None or pat or site is not None or jql is not None:
+        if (email is None) == (not pat):
+            raise click.UsageError(
+                "a Jira source is read with --email EMAIL (Jira Cloud, an API token) "
+                "or --pat (Data Center, a personal access token): one of them"
+            )
+        if repo or org or hook_id or app_id or private_key:
+            raise click.UsageError(
+                "--email, --pat, --site and --jql are for a Jira source: "
+                "they take no --repo, --org, --hook-id or --app-id"
+            )
+        token = _token(token_stdin, "API token" if email else "Personal access token")
+        with runtime.session() as session:
+            access = set_jira_access(
+                session=session, slug=name, token=token, email=email, site_url=site, jql=jql
+            )
+            site = access.api_base_url
+        if as_json:
+            emit_json({"source": name, "site": site, "email": email, "jql": jql})
+            return
+        click.echo(f"{name} can be caught up by a search of {site}.")
+        click.echo(f"Then: taskhook catch-up jira --source {name} --dry-run")
+        return
     if app_id is not None or private_key is not None:
         _check_app_options(app_id, private_key, repo or org, hook_id, token_stdin)
         with runtime.session() as session:
@@ -370,7 +426,7 @@ def source_catch_up(
             "or --app-id ID --private-key-file PATH"
         )
     target = repo or org  # as checked: repos/OWNER/REPO or orgs/ORG
-    token = sys.stdin.readline() if token_stdin else click.prompt("Token", hide_input=True)
+    token = _token(token_stdin, "Token")
     with runtime.session() as session:
         set_log_access(
             session=session,
@@ -381,6 +437,10 @@ def source_catch_up(
             api_base_url=api_url,
         )
     _report_access(name, target, hook_id, api_url, as_json)
+
+
+def _token(from_stdin: bool, prompt: str) -> str:
+    return sys.stdin.readline() if from_stdin else click.prompt(prompt, hide_input=True)
 
 
 def _check_app_options(
