@@ -1,4 +1,4 @@
-"""A fake of GitHub's webhook-delivery REST API: a real HTTP server on 127.0.0.1.
+"""A fake of GitHub's REST API for catching up: a real HTTP server on 127.0.0.1.
 
 GitHub never redelivers a failed webhook delivery on its own: it keeps every
 attempt for three days and lists them at ``…/hooks/{hook_id}/deliveries``.
@@ -6,28 +6,50 @@ This server speaks that API -- the log, one full delivery, a redelivery -- for a
 repository's, an organization's and a GitHub App's hook, in the shapes of
 GitHub's published examples (tests/fixtures/github_api/, sources in its
 SOURCES.md), so a catch-up test runs over real sockets, real cursor pagination
-and real failure answers::
+and real failure answers.
+
+What the log cannot tell (a delivery older than three days, one GitHub never
+tried) a state scan finds by asking for the state itself, so the fake also holds
+repositories' issues and pull requests and serves ``GET /repos/{owner}/{repo}/issues``
+with its documented ``state``, ``since``, ``sort`` and ``direction`` and numbered
+pages. For a source that is a GitHub App it serves the way to a token that may
+read them: ``GET /repos/{owner}/{repo}/installation`` and
+``POST /app/installations/{id}/access_tokens``, both with the App's JWT::
 
     with FakeGitHub(token="ghp_test") as github:
         github.log_delivery(hook="repos/acme/widgets/hooks/123", event="issues",
                             payload=body, status_code=502)
+        github.open_issue("acme/widgets", title="Found a bug")
+        github.install_app("acme")  # the App, on every repository of acme
         ...  # a source whose API base URL is github.base_url
 
 As a pytest fixture: ``yield from FakeGitHub(token="ghp_test").serve()``.
 
-Not modelled: the three-day expiry, backwards pages (``rel="prev"``), and GitHub
-actually sending a redelivery anywhere (a redelivery is only logged).
+Not modelled: the log's three-day expiry, its backwards pages (``rel="prev"``),
+and GitHub actually sending a redelivery anywhere (a redelivery is only logged).
+Of issues: the other filters (``milestone``, ``assignee``, ``type``, ``creator``,
+``mentioned``, ``labels``: ignored), labels, assignees, milestones, comments,
+locks and reopening; every repository is private (a token that may not see it
+gets a 404); page links name ``/repos/{owner}/{repo}/issues`` where GitHub's name
+``/repositories/{id}/issues``; the objects' own URLs name api.github.com and
+github.com, not the fake. Of Apps: a JWT's signature and claims are not checked
+(any three-part bearer token is App ``APP_ID``'s); a token request's body
+(``repositories``, ``permissions``) is not read; the App and its tokens share
+the one rate limit.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import itertools
 import json
 import math
 import re
+import secrets
 import socket
+import string
 import sys
 import threading
 import time
@@ -35,7 +57,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -74,6 +96,31 @@ OPERATION_DOCS = {
     ("app", "redeliver"): "apps/webhooks#redeliver-a-delivery-for-an-app-webhook",
 }
 
+# Issues, pull requests and the App's installations.
+REPO = re.compile(r"[^/\s]+/[^/\s]+")  # owner/name
+ACCOUNT = re.compile(r"[^/\s]+")
+REPO_ROUTE = r"/repos/(?P<owner>[^/]+)/(?P<name>[^/]+)"
+ISSUES_ROUTE = re.compile(rf"{REPO_ROUTE}/issues")
+INSTALLATION_ROUTE = re.compile(rf"{REPO_ROUTE}/installation")
+ACCESS_TOKENS_ROUTE = re.compile(r"/app/installations/(?P<installation>[^/]+)/access_tokens")
+LIST_ISSUES_DOCS = f"{DOCS}/issues/issues#list-repository-issues"
+GET_INSTALLATION_DOCS = f"{DOCS}/apps/apps#get-a-repository-installation-for-the-authenticated-app"
+CREATE_TOKEN_DOCS = f"{DOCS}/apps/apps#create-an-installation-access-token-for-an-app"
+#: The objects' own URLs, as GitHub's: what a client follows is the Link header.
+API_URL = "https://api.github.com"
+WEB_URL = "https://github.com"
+FIRST_ISSUE_ID = 2_000_000_001
+FIRST_INSTALLATION_ID = 42_000_001
+FIRST_ACCOUNT_ID = 9_000_001
+ISSUE_AUTHOR = ("octocat", 1)  # login and id: every issue is the example user's
+APP_SLUG = "taskhook"
+APP_CLIENT_ID = "Iv1.7a4f2c9e1b3d5f60"
+#: What a state scan needs: to read issues and pull requests (metadata comes with any App).
+APP_PERMISSIONS = {"issues": "read", "metadata": "read", "pull_requests": "read"}
+APP_EVENTS = ["issues", "pull_request"]
+INSTALLATION_TOKEN_LIFETIME = timedelta(hours=1)
+NOT_FOR_AN_APP = "Resource not accessible by integration"
+
 # The list's `status` filter, as documented: by status_code range. So a delivery
 # that never got an answer (status_code 0) is in neither.
 STATUS_FILTERS: dict[str | None, Callable[[int], bool]] = {
@@ -81,6 +128,20 @@ STATUS_FILTERS: dict[str | None, Callable[[int], bool]] = {
     "success": lambda code: 200 <= code <= 399,
     "failure": lambda code: 400 <= code <= 599,
 }
+
+# The issue list's `state`, `sort` and `direction`, as documented; the number
+# breaks ties. Comments are not modelled (none has any): `comments` sorts as `created`.
+ISSUE_STATES: dict[str, Callable[[Issue], bool]] = {
+    "open": lambda issue: issue.state == "open",
+    "closed": lambda issue: issue.state == "closed",
+    "all": lambda issue: True,
+}
+ISSUE_SORTS: dict[str, Callable[[Issue], tuple[Any, ...]]] = {
+    "created": lambda issue: (issue.created_at, issue.number),
+    "updated": lambda issue: (issue.updated_at, issue.number),
+    "comments": lambda issue: (0, issue.created_at, issue.number),
+}
+DESCENDING = {"desc": True, "asc": False}
 
 
 class ReceivedRequest(NamedTuple):
@@ -154,6 +215,152 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Issue:
+    """An issue, or a pull request, of a repository: what the Issues API lists."""
+
+    repo: str  # owner/name, spelled as first given
+    id: int
+    number: int
+    title: str
+    body: str | None
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None = None
+    pull_request: bool = False
+
+    @property
+    def state(self) -> str:
+        return "open" if self.closed_at is None else "closed"
+
+    def item(self) -> dict[str, Any]:
+        """The list's item, keys in the example's order; the unmodelled ones empty."""
+        api = f"{API_URL}/repos/{self.repo}"
+        url = f"{api}/issues/{self.number}"
+        web = f"{WEB_URL}/{self.repo}/{'pull' if self.pull_request else 'issues'}/{self.number}"
+        author = _account(*ISSUE_AUTHOR, "User")
+        item: dict[str, Any] = {
+            "id": self.id,
+            "node_id": _node_id("Issue", self.id),
+            "url": url,
+            "repository_url": api,
+            "labels_url": f"{url}/labels{{/name}}",
+            "comments_url": f"{url}/comments",
+            "events_url": f"{url}/events",
+            "html_url": web,
+            "number": self.number,
+            "state": self.state,
+            "title": self.title,
+            "body": self.body,
+            "user": author,
+            "pinned_comment": None,
+            "labels": [],
+            "assignee": None,
+            "assignees": [],
+            "milestone": None,
+            "locked": False,
+            "active_lock_reason": None,
+            "comments": 0,
+        }
+        if self.pull_request:  # the key's presence is how a client tells a pull request
+            item["pull_request"] = {
+                "url": f"{api}/pulls/{self.number}",
+                "html_url": web,
+                "diff_url": f"{web}.diff",
+                "patch_url": f"{web}.patch",
+            }
+        closed = self.closed_at is not None
+        return {
+            **item,
+            "closed_at": _iso(self.closed_at) if self.closed_at else None,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "closed_by": author if closed else None,
+            "author_association": "COLLABORATOR",  # as in the example
+            "state_reason": "completed" if closed else None,
+        }
+
+
+@dataclass(frozen=True)
+class MintedToken:
+    """An installation access token the fake handed out, for ``installation_id``."""
+
+    token: str
+    installation_id: int
+    expires_at: datetime
+
+    def is_valid(self) -> bool:
+        return _now() < self.expires_at
+
+
+@dataclass(frozen=True)
+class _Installation:
+    """The App installed on an account: on all its repositories, or on those selected."""
+
+    id: int
+    account: str  # the login, spelled as first given
+    account_id: int
+    repositories: frozenset[str] | None  # lower-case owner/name; None: all of them
+    created_at: datetime
+
+    @property
+    def repository_selection(self) -> str:
+        return "all" if self.repositories is None else "selected"
+
+    def covers(self, repo: str) -> bool:
+        """Whether the installation reaches ``repo`` (lower-case owner/name)."""
+        owner = repo.split("/", 1)[0]
+        if owner != self.account.lower():
+            return False
+        return self.repositories is None or repo in self.repositories
+
+    def body(self) -> dict[str, Any]:
+        """The "installation", keys in the example's order."""
+        created = _iso(self.created_at)
+        return {
+            "id": self.id,
+            "account": _account(self.account, self.account_id, "Organization"),
+            "repository_selection": self.repository_selection,
+            "access_tokens_url": f"{API_URL}/app/installations/{self.id}/access_tokens",
+            "repositories_url": f"{API_URL}/installation/repositories",
+            "html_url": f"{WEB_URL}/organizations/{self.account}/settings/installations/{self.id}",
+            "app_id": APP_ID,
+            "client_id": APP_CLIENT_ID,
+            "target_id": self.account_id,
+            "target_type": "Organization",
+            "permissions": dict(APP_PERMISSIONS),
+            "events": list(APP_EVENTS),
+            "created_at": created,
+            "updated_at": created,
+            "single_file_name": None,  # an App without the single-file permission
+            "has_multiple_single_files": False,
+            "single_file_paths": [],
+            "app_slug": APP_SLUG,
+            "suspended_at": None,
+            "suspended_by": None,
+        }
+
+
+class _InvalidField(ValueError):
+    """A query parameter GitHub's validation refuses (a 422 naming the field)."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class _IssueQuery:
+    """The issue list's query, checked, defaults filled in."""
+
+    state: str
+    since: datetime | None
+    sort: str
+    descending: bool
+    page: int
+    page_size: int
+
+
+@dataclass(frozen=True)
 class _Answer:
     status: int
     body: Any
@@ -196,12 +403,15 @@ class _RateLimit:
 
 
 class FakeGitHub:
-    """GitHub's webhook-delivery API on 127.0.0.1, on a free port, in a background thread.
+    """GitHub's webhook-delivery and issues API on 127.0.0.1, on a free port, in a thread.
 
     ``token`` is the token the repository and organization endpoints accept
-    (``Bearer`` or ``token``); ``/app/hook/...`` accepts any JWT-shaped bearer
-    token instead and records it in ``app_jwts``. With ``redelivery_succeeds``
-    a redelivery request logs a new, successful attempt of the same delivery;
+    (``Bearer`` or ``token``); the App's endpoints (``/app/...`` and
+    ``/repos/{owner}/{repo}/installation``) accept any JWT-shaped bearer token
+    instead and record it in ``app_jwts``. The issue list also accepts an
+    installation token the fake minted (``minted_tokens``) while it is valid, for
+    the repositories of its installation. With ``redelivery_succeeds`` a
+    redelivery request logs a new, successful attempt of the same delivery;
     without it the request is only recorded in ``redeliveries``.
     """
 
@@ -220,11 +430,19 @@ class FakeGitHub:
         self.requests: list[ReceivedRequest] = []
         self.redeliveries: list[int] = []
         self.app_jwts: list[str] = []
+        self.minted_tokens: list[MintedToken] = []
         self._attempts: list[Attempt] = []
         self._hooks: set[str] = set()
         self._faults: deque[_Fault] = deque()
         self._ids = itertools.count(FIRST_ATTEMPT_ID)
         self._rate_limit = _RateLimit()
+        self._repos: dict[str, str] = {}  # lower-case owner/name: as first spelled
+        self._issues: dict[str, dict[int, Issue]] = {}  # by lower-case owner/name, number
+        self._issue_ids = itertools.count(FIRST_ISSUE_ID)
+        self._installations: dict[int, _Installation] = {}
+        self._installation_ids = itertools.count(FIRST_INSTALLATION_ID)
+        self._account_ids: dict[str, int] = {}
+        self._next_account_ids = itertools.count(FIRST_ACCOUNT_ID)
         # Handler threads and the test's thread share the log and the counters.
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -347,6 +565,159 @@ class FakeGitHub:
         with self._lock:
             return self._log(_hook_path(hook) if hook else None)
 
+    # -- issues and pull requests -------------------------------------------
+
+    def add_repo(self, repo: str) -> str:
+        """Make repository ``owner/name`` exist with no issues; an unknown one's list is a 404."""
+        key, name = _repo_key(repo)
+        with self._lock:
+            return self._add_repo(key, name)
+
+    def open_issue(
+        self,
+        repo: str,
+        *,
+        title: str,
+        body: str | None = None,
+        created_at: datetime | None = None,
+        pull_request: bool = False,
+        number: int | None = None,
+    ) -> dict[str, Any]:
+        """Open an issue (or a pull request) in ``repo``, ``owner/name``; the listed item.
+
+        Numbers count 1, 2, ... per repository, issues and pull requests alike, as
+        on GitHub; a ``number`` given must be free, and the count goes on past it.
+        ``created_at`` is now unless given; ``updated_at`` starts equal to it.
+        """
+        key, name = _repo_key(repo)
+        opened = _moment(created_at)
+        with self._lock:
+            issues = self._issues.setdefault(key, {})
+            if number is None:
+                number = max(issues, default=0) + 1
+            elif number < 1:
+                raise ValueError(f"GitHub numbers from 1, not {number}")
+            elif number in issues:
+                raise ValueError(f"{repo} already has #{number}")
+            issue = Issue(
+                repo=self._add_repo(key, name),
+                id=next(self._issue_ids),
+                number=number,
+                title=title,
+                body=body,
+                created_at=opened,
+                updated_at=opened,
+                pull_request=pull_request,
+            )
+            issues[number] = issue
+        return issue.item()
+
+    def close_issue(self, repo: str, number: int, *, at: datetime | None = None) -> dict[str, Any]:
+        """Close ``repo``'s #``number`` at ``at`` (now unless given); the listed item."""
+        with self._lock:
+            issue = self._issue(repo, number)
+            if issue.closed_at is not None:
+                raise ValueError(f"{repo}#{number} is closed already")
+            closed = self._later(issue, at)
+            return self._store(replace(issue, closed_at=closed, updated_at=closed)).item()
+
+    def edit_issue(
+        self, repo: str, number: int, *, title: str | None = None, at: datetime | None = None
+    ) -> dict[str, Any]:
+        """Edit ``repo``'s #``number`` at ``at`` (now unless given): a new ``updated_at``."""
+        with self._lock:
+            issue = self._issue(repo, number)
+            edited = replace(issue, updated_at=self._later(issue, at))
+            if title is not None:
+                edited = replace(edited, title=title)
+            return self._store(edited).item()
+
+    def issues(self, repo: str) -> list[dict[str, Any]]:
+        """``repo``'s issues and pull requests as listed, by number."""
+        key, _ = _repo_key(repo)
+        with self._lock:
+            stored = self._issues.get(key, {})
+            return [stored[number].item() for number in sorted(stored)]
+
+    # -- the App's installations and tokens --------------------------------
+
+    def install_app(self, repo_or_org: str) -> int:
+        """Install the App (``APP_ID``) on a repository or on all of an account's; its id.
+
+        ``repo_or_org`` is ``owner/name`` (that repository is selected, and exists
+        from now on) or an account's login (all its repositories). As on GitHub an
+        account has one installation of the App: installing on another of its
+        repositories adds that one to the selection, on the account selects all.
+        A delivery from the App carries this id in ``installation.id``, but the
+        log takes any: give ``log_delivery`` a payload with this id to match.
+        """
+        target = repo_or_org.strip("/")
+        if REPO.fullmatch(target):
+            key, name = _repo_key(target)
+            account = name.split("/", 1)[0]
+        elif ACCOUNT.fullmatch(target):
+            key, account = None, target
+        else:
+            raise ValueError(f"not a repository (owner/name) or an account: {repo_or_org!r}")
+        with self._lock:
+            installation = self._installation_of(account) or _Installation(
+                id=next(self._installation_ids),
+                account=account,
+                account_id=self._account_id(account),
+                repositories=frozenset(),
+                created_at=_moment(None),
+            )
+            selected = installation.repositories
+            if key is None:
+                selected = None
+            else:
+                self._add_repo(key, name)
+                if selected is not None:
+                    selected = selected | {key}
+            self._installations[installation.id] = replace(installation, repositories=selected)
+        return installation.id
+
+    def expire_minted_tokens(self) -> None:
+        """End every minted installation token now, as an hour would."""
+        now = _now()
+        with self._lock:
+            self.minted_tokens[:] = [
+                replace(minted, expires_at=min(minted.expires_at, now))
+                for minted in self.minted_tokens
+            ]
+
+    def _add_repo(self, key: str, name: str) -> str:
+        return self._repos.setdefault(key, name)
+
+    def _issue(self, repo: str, number: int) -> Issue:
+        key, _ = _repo_key(repo)
+        issue = self._issues.get(key, {}).get(number)
+        if issue is None:
+            raise KeyError(f"{repo} has no #{number}")
+        return issue
+
+    def _store(self, issue: Issue) -> Issue:
+        self._issues[issue.repo.lower()][issue.number] = issue
+        return issue
+
+    @staticmethod
+    def _later(issue: Issue, at: datetime | None) -> datetime:
+        # Nothing happens to an issue before it was opened; a test saying so has a bug.
+        moment = _moment(at)
+        if moment < issue.created_at:
+            raise ValueError(f"{moment} is before {issue.repo}#{issue.number} was opened")
+        return moment
+
+    def _installation_of(self, account: str) -> _Installation | None:
+        login = account.lower()
+        return next((i for i in self._installations.values() if i.account.lower() == login), None)
+
+    def _account_id(self, account: str) -> int:
+        login = account.lower()
+        if login not in self._account_ids:
+            self._account_ids[login] = next(self._next_account_ids)
+        return self._account_ids[login]
+
     # -- faults ------------------------------------------------------------
 
     def fail_next(self, n: int, status: int = 502) -> None:
@@ -392,9 +763,17 @@ class FakeGitHub:
     def _handle(self, request: ReceivedRequest) -> _Answer:
         if self._faults:
             return _fault_answer(self._faults.popleft())
-        route = ROUTE.fullmatch(request.path)
-        if route is None:
-            return _error(404, "Not Found", DOCS)
+        if route := ROUTE.fullmatch(request.path):
+            return self._deliveries(request, route)
+        if route := ISSUES_ROUTE.fullmatch(request.path):
+            return self._issues_route(request, _route_repo(route))
+        if route := INSTALLATION_ROUTE.fullmatch(request.path):
+            return self._installation_route(request, _route_repo(route))
+        if route := ACCESS_TOKENS_ROUTE.fullmatch(request.path):
+            return self._access_tokens_route(request, route["installation"])
+        return _error(404, "Not Found", DOCS)
+
+    def _deliveries(self, request: ReceivedRequest, route: re.Match[str]) -> _Answer:
         hook = route["hook"]
         refusal = self._refusal(hook, request.headers.get("authorization", ""))
         if refusal is not None:
@@ -420,18 +799,154 @@ class FakeGitHub:
 
     def _refusal(self, hook: str, authorization: str) -> _Answer | None:
         """401 unless the credentials fit the endpoint: the token, or (for an App) a JWT."""
+        if hook == "app/hook":
+            return self._jwt_refusal(authorization)
+        refusal = self._token_refusal(authorization)
+        if refusal is None and self._minted(authorization) is not None:
+            # Valid, but the App may not read hooks: it asked for no such permission.
+            return _error(403, NOT_FOR_AN_APP, DOCS)
+        return refusal
+
+    def _jwt_refusal(self, authorization: str) -> _Answer | None:
+        """401 unless a JWT-shaped bearer token (recorded in ``app_jwts``): the App itself."""
         if not authorization:
             return _error(401, "Requires authentication", DOCS)
         scheme, _, credential = authorization.partition(" ")
-        scheme = scheme.lower()
-        if hook == "app/hook":
-            if scheme == "bearer" and _looks_like_jwt(credential):
-                self.app_jwts.append(credential)
-                return None
-            return _error(401, "A JSON web token could not be decoded", DOCS)
-        if scheme in ("bearer", "token") and credential == self.token:
+        if scheme.lower() == "bearer" and _looks_like_jwt(credential):
+            self.app_jwts.append(credential)
+            return None
+        return _error(401, "A JSON web token could not be decoded", DOCS)
+
+    def _token_refusal(self, authorization: str) -> _Answer | None:
+        """401 unless the fake's token or a valid installation token it minted."""
+        if not authorization:
+            return _error(401, "Requires authentication", DOCS)
+        scheme, _, credential = authorization.partition(" ")
+        if scheme.lower() in ("bearer", "token") and (
+            credential == self.token or self._minted(authorization) is not None
+        ):
             return None
         return _error(401, "Bad credentials", DOCS)
+
+    def _minted(self, authorization: str) -> MintedToken | None:
+        """The valid installation token ``authorization`` carries, if it carries one."""
+        credential = authorization.partition(" ")[2]
+        return next((m for m in self.minted_tokens if m.token == credential and m.is_valid()), None)
+
+    def _may_read(self, authorization: str, repo: str) -> bool:
+        """The fake's token reads every repository, an installation token its installation's."""
+        minted = self._minted(authorization)
+        return minted is None or self._installations[minted.installation_id].covers(repo)
+
+    # -- the issue list and the App's routes --------------------------------
+
+    def _issues_route(self, request: ReceivedRequest, repo: str) -> _Answer:
+        authorization = request.headers.get("authorization", "")
+        refusal = self._token_refusal(authorization)
+        if refusal is not None:
+            return refusal
+        self._rate_limit.spend()
+        # A repository the credential may not read does not exist, for it: all are private.
+        known = repo in self._repos and self._may_read(authorization, repo)
+        if request.method != "GET" or not known:
+            return _error(404, "Not Found", LIST_ISSUES_DOCS)
+        try:
+            query = self._issue_query(request.query)
+        except _InvalidField as invalid:
+            return _validation_failed("Issue", invalid.field, LIST_ISSUES_DOCS)
+        return self._list_issues(request, repo, query)
+
+    def _issue_query(self, query: dict[str, str]) -> _IssueQuery:
+        def choice(name: str, choices: dict[str, Any], default: str) -> str:
+            value = query.get(name, default)
+            if value not in choices:
+                raise _InvalidField(name)
+            return value
+
+        def number(name: str, default: int) -> int:
+            # What GitHub answers to a number that is none is not documented: loud suits a test.
+            try:
+                return int(query.get(name, default))
+            except ValueError:
+                raise _InvalidField(name) from None
+
+        return _IssueQuery(
+            state=choice("state", ISSUE_STATES, "open"),
+            since=_since(query["since"]) if "since" in query else None,
+            sort=choice("sort", ISSUE_SORTS, "created"),
+            descending=DESCENDING[choice("direction", DESCENDING, "desc")],
+            page=max(1, number("page", 1)),
+            page_size=self._page_size(str(number("per_page", DEFAULT_PER_PAGE))),
+        )
+
+    def _list_issues(self, request: ReceivedRequest, repo: str, query: _IssueQuery) -> _Answer:
+        wanted = ISSUE_STATES[query.state]
+        matching = [
+            issue
+            for issue in self._issues.get(repo, {}).values()
+            if wanted(issue) and (query.since is None or issue.updated_at >= query.since)
+        ]
+        matching.sort(key=ISSUE_SORTS[query.sort], reverse=query.descending)
+        start = (query.page - 1) * query.page_size
+        page = matching[start : start + query.page_size]
+        last_page = max(1, math.ceil(len(matching) / query.page_size))
+        link = self._page_links(request, query.page, last_page)
+        return _Answer(200, [issue.item() for issue in page], {"Link": link} if link else {})
+
+    def _page_links(self, request: ReceivedRequest, page: int, last_page: int) -> str:
+        """GitHub's Link for numbered pages: prev, next, last, first, those that apply."""
+        relations: list[tuple[str, int]] = []
+        if page > 1:
+            relations.append(("prev", page - 1))
+        if page < last_page:
+            relations += [("next", page + 1), ("last", last_page)]
+        if page > 1:
+            relations.append(("first", 1))
+        return ", ".join(
+            f'<{self._page_url(request, number)}>; rel="{relation}"'
+            for relation, number in relations
+        )
+
+    def _page_url(self, request: ReceivedRequest, page: int) -> str:
+        # The query as given, its page (in place, or added last) the one linked to.
+        params = {**request.query, "page": str(page)}
+        return f"{self.base_url}{request.path}?{urlencode(params)}"
+
+    def _installation_route(self, request: ReceivedRequest, repo: str) -> _Answer:
+        refusal = self._jwt_refusal(request.headers.get("authorization", ""))
+        if refusal is not None:
+            return refusal
+        self._rate_limit.spend()
+        installation = next((i for i in self._installations.values() if i.covers(repo)), None)
+        if request.method != "GET" or repo not in self._repos or installation is None:
+            return _error(404, "Not Found", GET_INSTALLATION_DOCS)
+        return _Answer(200, installation.body())
+
+    def _access_tokens_route(self, request: ReceivedRequest, installation_id: str) -> _Answer:
+        refusal = self._jwt_refusal(request.headers.get("authorization", ""))
+        if refusal is not None:
+            return refusal
+        self._rate_limit.spend()
+        installation = (
+            self._installations.get(int(installation_id)) if installation_id.isdigit() else None
+        )
+        if request.method != "POST" or installation is None:
+            return _error(404, "Not Found", CREATE_TOKEN_DOCS)
+        minted = MintedToken(
+            token=_installation_token(),
+            installation_id=installation.id,
+            expires_at=_moment(None) + INSTALLATION_TOKEN_LIFETIME,
+        )
+        self.minted_tokens.append(minted)
+        return _Answer(
+            201,
+            {
+                "token": minted.token,
+                "expires_at": _iso(minted.expires_at),
+                "permissions": dict(APP_PERMISSIONS),
+                "repository_selection": installation.repository_selection,
+            },
+        )
 
     def _list(self, request: ReceivedRequest, hook: str) -> _Answer:
         query = request.query
@@ -506,6 +1021,9 @@ class FakeGitHub:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as GitHub and its clients speak
+    # The headers and the body go out in two writes: without TCP_NODELAY the
+    # second waits for the client's delayed ACK, 40 ms per answer on Linux.
+    disable_nagle_algorithm = True
     server_version = "GitHub.com"
     sys_version = ""
     server: _Server
@@ -662,6 +1180,77 @@ def _status_text(status_code: int) -> str:
     return f"Invalid HTTP Response: {status_code}"
 
 
+def _repo_key(repo: str) -> tuple[str, str]:
+    """``owner/name`` as the fake keys it (GitHub's names ignore case) and as given."""
+    name = repo.strip("/")
+    if not REPO.fullmatch(name):
+        raise ValueError(f"not a repository: {repo!r} (owner/name)")
+    return name.lower(), name
+
+
+def _route_repo(route: re.Match[str]) -> str:
+    return f"{route['owner']}/{route['name']}".lower()
+
+
+def _since(text: str) -> datetime:
+    """The ``since`` of a query: ISO 8601, UTC unless it says otherwise."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise _InvalidField("since") from None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _validation_failed(resource: str, field: str, documentation_url: str) -> _Answer:
+    """GitHub's 422: "Validation Failed", naming what was invalid."""
+    return _Answer(
+        422,
+        {
+            "message": "Validation Failed",
+            "errors": [{"resource": resource, "field": field, "code": "invalid"}],
+            "documentation_url": documentation_url,
+            "status": "422",
+        },
+    )
+
+
+def _account(login: str, account_id: int, kind: str) -> dict[str, Any]:
+    """A user or an organization as the examples show one (an organization has /orgs/ URLs)."""
+    users = f"{API_URL}/users/{login}"
+    own = f"{API_URL}/orgs/{login}" if kind == "Organization" else users
+    return {
+        "login": login,
+        "id": account_id,
+        "node_id": _node_id(kind, account_id),
+        "avatar_url": f"{WEB_URL}/images/error/{login}_happy.gif",
+        "gravatar_id": "",
+        "url": own,
+        "html_url": f"{WEB_URL}/{login}",
+        "followers_url": f"{users}/followers",
+        "following_url": f"{users}/following{{/other_user}}",
+        "gists_url": f"{users}/gists{{/gist_id}}",
+        "starred_url": f"{users}/starred{{/owner}}{{/repo}}",
+        "subscriptions_url": f"{users}/subscriptions",
+        "organizations_url": f"{users}/orgs",
+        "repos_url": f"{own}/repos",
+        "events_url": f"{own}/events" if kind == "Organization" else f"{users}/events{{/privacy}}",
+        "received_events_url": f"{users}/received_events",
+        "type": kind,
+        "site_admin": False,
+    }
+
+
+def _node_id(kind: str, object_id: int) -> str:
+    # GitHub's legacy global ids, e.g. MDU6SXNzdWUx: base64 of "05:Issue1".
+    return base64.b64encode(f"0{len(kind)}:{kind}{object_id}".encode()).decode()
+
+
+def _installation_token() -> str:
+    # ghs_ and 36 letters and digits, like GitHub's.
+    alphabet = string.ascii_letters + string.digits
+    return "ghs_" + "".join(secrets.choice(alphabet) for _ in range(36))
+
+
 def _looks_like_jwt(credential: str) -> bool:
     parts = credential.split(".")
     return len(parts) == 3 and all(parts)
@@ -681,6 +1270,11 @@ def _utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         raise ValueError(f"give an aware datetime, not {moment!r}")
     return moment.astimezone(UTC)
+
+
+def _moment(at: datetime | None) -> datetime:
+    # GitHub keeps whole seconds: what a `since` compares is then what a client was shown.
+    return (_utc(at) if at is not None else _now()).replace(microsecond=0)
 
 
 def _iso(moment: datetime) -> str:

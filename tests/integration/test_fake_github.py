@@ -1,9 +1,10 @@
-"""The fake GitHub delivery-log API (bench/fakes/github_api.py), over a real socket.
+"""The fake GitHub API (bench/fakes/github_api.py), over a real socket.
 
 The catch-up's tests trust this server to answer as GitHub does, so these check it
 against GitHub's own examples (tests/fixtures/github_api/) and documented
-behaviour: cursor pages newest first, 401s, rate limits, server errors, 404s and
-redeliveries.
+behaviour: the delivery log's cursor pages newest first, 401s, rate limits, server
+errors, 404s and redeliveries; the issue list's filters, sorts and numbered pages;
+a GitHub App's way from its JWT to an installation token that reads issues.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ ORG_HOOK = "orgs/acme/hooks/77"
 APP_HOOK = "app/hook"
 TOKEN = "ghp_test"
 APP_JWT = "eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiI0MiJ9.c2lnbmF0dXJl"  # the shape only
+JWT = {"Authorization": f"Bearer {APP_JWT}"}
+REPO = "acme/widgets"
+ISSUES = f"/repos/{REPO}/issues"
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "github_api"
 # A day ago: inside the three days GitHub keeps, and before "now", whatever the clock says.
 START = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(days=1)
@@ -67,16 +71,35 @@ def log_issues(github: FakeGitHub, count: int, hook: str = HOOK) -> list[int]:
     ]
 
 
-def walk(client: httpx.Client, url: str) -> list[list[int]]:
-    """Every page's attempt ids, following each answer's Link rel="next" as given."""
+def walk(client: httpx.Client, url: str, key: str = "id") -> list[list[int]]:
+    """Every page's ids (or ``key``s), following each answer's Link rel="next" as given."""
     pages: list[list[int]] = []
     next_url: str | None = url
     while next_url:
         answer = client.get(next_url)
         assert answer.status_code == 200, answer.text
-        pages.append([delivery["id"] for delivery in answer.json()])
+        pages.append([item[key] for item in answer.json()])
         next_url = answer.links.get("next", {}).get("url")
     return pages
+
+
+def open_issues(github: FakeGitHub, count: int, repo: str = REPO) -> list[int]:
+    """``count`` issues opened a minute apart, oldest first; their numbers."""
+    return [
+        github.open_issue(repo, title=f"Issue {n}", created_at=START + timedelta(minutes=n))[
+            "number"
+        ]
+        for n in range(count)
+    ]
+
+
+def numbers(answer: httpx.Response) -> list[int]:
+    assert answer.status_code == 200, answer.text
+    return [issue["number"] for issue in answer.json()]
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def shape(value: Any) -> Any:
@@ -95,7 +118,13 @@ def test_the_recorded_examples_are_the_bytes_sources_md_names():
     # SOURCES.md lists each file's sha256: a reformatted fixture fails here.
     sources = (FIXTURES / "SOURCES.md").read_text()
     listed = dict(re.findall(r"\| `([\w-]+\.json)` \| `([0-9a-f]{64})` \|", sources))
-    assert set(listed) == {"hook-delivery-items.json", "hook-delivery.json"}
+    assert set(listed) == {
+        "hook-delivery-items.json",
+        "hook-delivery.json",
+        "issue-items.json",
+        "installation.json",
+        "installation-token.json",
+    }
     for name, digest in listed.items():
         assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == digest
 
@@ -475,3 +504,451 @@ def test_log_delivery_refuses_what_github_could_not_have_logged(github):
         github.log_delivery(
             hook=HOOK, event="issues", payload={}, delivered_at=datetime(2026, 1, 1)
         )
+
+
+# -- issues: the recorded example ----------------------------------------------------------
+
+# What the fake does not model is empty in its answers: the example's values edited likewise.
+UNMODELLED_ISSUE_FIELDS = {
+    "labels": [],
+    "assignee": None,
+    "assignees": [],
+    "milestone": None,
+    "active_lock_reason": None,
+}
+
+
+def test_a_listed_pull_request_has_the_shape_of_githubs_example(github, client):
+    github.open_issue(REPO, title="Fix it", body="Fixes #1", pull_request=True, created_at=START)
+    github.close_issue(REPO, 1, at=START + timedelta(hours=1))
+    [listed] = client.get(ISSUES, params={"state": "closed"}).json()
+    # The example is an open issue closed by someone: a closed one has a closed_at too.
+    expected = {
+        **example("issue-items")[0],
+        **UNMODELLED_ISSUE_FIELDS,
+        "closed_at": "2011-04-22T13:33:48Z",
+    }
+    assert shape(listed) == shape(expected)
+
+
+def test_a_listed_issue_has_the_shape_of_githubs_example_without_pull_request(github, client):
+    github.open_issue(REPO, title="Found a bug", body="It breaks.", created_at=START)
+    [listed] = client.get(ISSUES).json()
+    expected = {
+        **{key: value for key, value in example("issue-items")[0].items() if key != "pull_request"},
+        **UNMODELLED_ISSUE_FIELDS,
+        "closed_by": None,  # open, never closed
+        "state_reason": None,
+    }
+    assert shape(listed) == shape(expected)
+
+
+def test_a_listed_issue_carries_what_was_opened(github, client):
+    opened = github.open_issue(REPO, title="Found a bug", body="It breaks.", created_at=START)
+    pull = github.open_issue(REPO, title="Fix it", pull_request=True, created_at=START)
+    listed = client.get(ISSUES, params={"direction": "asc"}).json()
+    assert listed == [opened, pull] == github.issues(REPO)
+    assert (opened["number"], opened["title"], opened["body"]) == (1, "Found a bug", "It breaks.")
+    assert (opened["state"], opened["closed_at"], opened["closed_by"]) == ("open", None, None)
+    assert opened["created_at"] == opened["updated_at"] == iso(START)
+    assert opened["html_url"] == "https://github.com/acme/widgets/issues/1"
+    assert opened["url"] == "https://api.github.com/repos/acme/widgets/issues/1"
+    assert opened["repository_url"] == "https://api.github.com/repos/acme/widgets"
+    assert opened["user"]["login"] == "octocat"
+    assert "pull_request" not in opened
+    assert pull["number"] == 2  # issues and pull requests share the numbers
+    assert pull["html_url"] == "https://github.com/acme/widgets/pull/2"
+    assert pull["pull_request"]["url"] == "https://api.github.com/repos/acme/widgets/pulls/2"
+    assert opened["id"] != pull["id"]
+
+
+def test_numbers_count_per_repository_and_go_on_past_a_given_one(github):
+    assert open_issues(github, 2) == [1, 2]
+    assert github.open_issue(REPO, title="imported", number=40)["number"] == 40
+    assert github.open_issue(REPO, title="next")["number"] == 41
+    assert open_issues(github, 1, repo="acme/gadgets") == [1]
+    with pytest.raises(ValueError, match="already has #40"):
+        github.open_issue(REPO, title="again", number=40)
+
+
+def test_closing_and_editing_move_updated_at(github):
+    [number] = open_issues(github, 1)
+    edited = github.edit_issue(REPO, number, title="Renamed", at=START + timedelta(hours=1))
+    assert (edited["title"], edited["updated_at"]) == ("Renamed", iso(START + timedelta(hours=1)))
+    assert edited["created_at"] == iso(START)
+    closed = github.close_issue(REPO, number, at=START + timedelta(hours=2))
+    assert (closed["state"], closed["state_reason"]) == ("closed", "completed")
+    assert closed["closed_at"] == closed["updated_at"] == iso(START + timedelta(hours=2))
+    assert closed["closed_by"]["login"] == "octocat"
+    assert github.issues(REPO) == [closed]
+
+
+def test_the_issue_state_refuses_what_github_could_not_hold(github):
+    [number] = open_issues(github, 1)
+    with pytest.raises(ValueError, match="before"):
+        github.close_issue(REPO, number, at=START - timedelta(days=1))
+    with pytest.raises(KeyError):
+        github.edit_issue(REPO, 99, title="nothing there")
+    with pytest.raises(ValueError, match="aware"):
+        github.open_issue(REPO, title="naive", created_at=datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="not a repository"):
+        github.open_issue("widgets", title="no owner")
+    github.close_issue(REPO, number)
+    with pytest.raises(ValueError, match="closed already"):
+        github.close_issue(REPO, number)
+
+
+# -- issues: the list and its pages --------------------------------------------------------
+
+
+def test_the_issue_list_pages_by_number_with_githubs_link(github, client):
+    open_issues(github, 250)
+    first = client.get(ISSUES, params={"per_page": 100})
+    assert first.headers["Link"] == (
+        f'<{github.base_url}{ISSUES}?per_page=100&page=2>; rel="next", '
+        f'<{github.base_url}{ISSUES}?per_page=100&page=3>; rel="last"'
+    )
+    second = client.get(first.links["next"]["url"])
+    assert {rel: link["url"].rsplit("page=", 1)[1] for rel, link in second.links.items()} == {
+        "prev": "1",
+        "next": "3",
+        "last": "3",
+        "first": "1",
+    }
+    third = client.get(second.links["next"]["url"])
+    assert {rel: link["url"].rsplit("page=", 1)[1] for rel, link in third.links.items()} == {
+        "prev": "2",
+        "first": "1",
+    }
+    pages = [numbers(first), numbers(second), numbers(third)]
+    assert [len(page) for page in pages] == [100, 100, 50]
+    assert [n for page in pages for n in page] == list(range(250, 0, -1))  # each once
+    assert walk(client, f"{ISSUES}?per_page=100", key="number") == pages
+
+
+def test_the_page_links_keep_the_query_and_replace_the_page(github, client):
+    open_issues(github, 5)
+    given = {"state": "all", "page": 2, "per_page": 2, "labels": "bug", "sort": "updated"}
+    answer = client.get(ISSUES, params=given)
+    query = "state=all&page={}&per_page=2&labels=bug&sort=updated"
+    expected = [("prev", 1), ("next", 3), ("last", 3), ("first", 1)]
+    assert answer.headers["Link"] == ", ".join(
+        f'<{github.base_url}{ISSUES}?{query.format(page)}>; rel="{rel}"' for rel, page in expected
+    )
+
+
+def test_per_page_defaults_to_30_and_stops_at_100_or_the_cap_for_issues(github, client):
+    open_issues(github, 105)
+    assert len(numbers(client.get(ISSUES))) == 30
+    assert len(numbers(client.get(ISSUES, params={"per_page": 500}))) == 100
+    github.page_size_cap = 2
+    capped = client.get(ISSUES, params={"per_page": 3})
+    assert numbers(capped) == [105, 104]
+    assert capped.links["last"]["url"].endswith("page=53")
+
+
+def test_a_page_past_the_last_is_empty_and_one_page_has_no_link(github, client):
+    open_issues(github, 3)
+    past = client.get(ISSUES, params={"page": 5})
+    assert (numbers(past), set(past.links)) == ([], {"prev", "first"})
+    assert "Link" not in client.get(ISSUES).headers
+    github.add_repo("acme/empty")
+    empty = client.get("/repos/acme/empty/issues")
+    assert (numbers(empty), empty.headers.get("Link")) == ([], None)
+
+
+def test_the_state_filter_defaults_to_open(github, client):
+    open_issues(github, 4)
+    github.close_issue(REPO, 2)
+    github.close_issue(REPO, 3)
+    assert numbers(client.get(ISSUES)) == [4, 1]
+    assert numbers(client.get(ISSUES, params={"state": "open"})) == [4, 1]
+    assert numbers(client.get(ISSUES, params={"state": "closed"})) == [3, 2]
+    assert numbers(client.get(ISSUES, params={"state": "all"})) == [4, 3, 2, 1]
+
+
+def test_since_keeps_what_was_updated_at_or_after_it(github, client):
+    open_issues(github, 5)  # created (and updated) at START + 0..4 minutes
+    github.edit_issue(REPO, 1, at=START + timedelta(hours=1))
+    github.close_issue(REPO, 2, at=START + timedelta(hours=2))
+    since = {"since": iso(START + timedelta(minutes=3)), "state": "all"}
+    assert numbers(client.get(ISSUES, params=since)) == [5, 4, 2, 1]
+    assert numbers(client.get(ISSUES, params={**since, "state": "open"})) == [5, 4, 1]
+    later = START + timedelta(minutes=90)
+    offset = later.astimezone(timezone(timedelta(hours=2))).isoformat()  # +02:00, not Z
+    assert numbers(client.get(ISSUES, params={"since": offset, "state": "all"})) == [2]
+    assert numbers(client.get(ISSUES, params={"since": iso(datetime.now(UTC))})) == []
+
+
+def test_the_sort_and_its_direction(github, client):
+    for minutes, title in [(0, "oldest"), (10, "newest"), (5, "middle")]:
+        github.open_issue(REPO, title=title, created_at=START + timedelta(minutes=minutes))
+    github.edit_issue(REPO, 1, at=START + timedelta(hours=1))  # the oldest, updated last
+
+    def titles(**params: str) -> list[str]:
+        return [issue["title"] for issue in client.get(ISSUES, params=params).json()]
+
+    newest_first = ["newest", "middle", "oldest"]
+    assert titles() == titles(sort="created", direction="desc") == newest_first
+    assert titles(sort="created", direction="asc") == newest_first[::-1]
+    assert titles(sort="updated") == ["oldest", "newest", "middle"]
+    assert titles(sort="updated", direction="asc") == ["middle", "newest", "oldest"]
+    assert titles(sort="comments", direction="asc") == newest_first[::-1]  # none has comments
+
+
+def test_pull_requests_are_listed_with_issues_and_carry_pull_request(github, client):
+    github.open_issue(REPO, title="bug", created_at=START)
+    github.open_issue(REPO, title="fix", created_at=START + timedelta(minutes=1), pull_request=True)
+    fix, bug = client.get(ISSUES).json()
+    assert (fix["title"], bug["title"]) == ("fix", "bug")
+    assert set(fix["pull_request"]) == {"url", "html_url", "diff_url", "patch_url"}
+    assert fix["pull_request"]["html_url"] == fix["html_url"]
+    assert "pull_request" not in bug
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("state=opened", "state"),
+        ("sort=newest", "sort"),
+        ("direction=down", "direction"),
+        ("since=yesterday", "since"),
+        ("per_page=three", "per_page"),
+    ],
+)
+def test_a_bad_issue_query_is_a_422_naming_the_field(github, client, query, field):
+    open_issues(github, 1)
+    answer = client.get(f"{ISSUES}?{query}")
+    assert answer.status_code == 422
+    assert answer.json() == {
+        "message": "Validation Failed",
+        "errors": [{"resource": "Issue", "field": field, "code": "invalid"}],
+        "documentation_url": "https://docs.github.com/rest/issues/issues#list-repository-issues",
+        "status": "422",
+    }
+
+
+def test_an_unknown_repository_is_a_404_and_names_ignore_case(github, client):
+    open_issues(github, 1)
+    answer = client.get("/repos/acme/unknown/issues")
+    assert answer.status_code == 404
+    assert answer.json() == {
+        "message": "Not Found",
+        "documentation_url": "https://docs.github.com/rest/issues/issues#list-repository-issues",
+        "status": "404",
+    }
+    listed = client.get("/repos/Acme/Widgets/issues").json()
+    assert [issue["html_url"] for issue in listed] == ["https://github.com/acme/widgets/issues/1"]
+    assert client.post(ISSUES).status_code == 404  # creating issues is not modelled
+
+
+@pytest.mark.parametrize(
+    ("authorization", "message"),
+    [
+        ("Bearer ghp_wrong", "Bad credentials"),
+        (f"Bearer {APP_JWT}", "Bad credentials"),  # the App lists nothing: its tokens do
+        (f"token {TOKEN}x", "Bad credentials"),
+        (None, "Requires authentication"),
+    ],
+)
+def test_other_credentials_are_a_401_for_the_issue_list(github, authorization, message):
+    open_issues(github, 1)
+    headers = {"Authorization": authorization} if authorization else {}
+    answer = httpx.get(f"{github.base_url}{ISSUES}", headers=headers)
+    assert (answer.status_code, answer.json()["message"]) == (401, message)
+    assert answer.headers["X-RateLimit-Limit"] == "5000"
+
+
+def test_faults_rate_limits_and_the_record_apply_to_the_issue_list(github, client):
+    open_issues(github, 1)
+    github.fail_next(1)
+    github.rate_limit_next(1, retry_after=2)
+    failed, limited = client.get(ISSUES), client.get(ISSUES)
+    assert failed.status_code == 502
+    assert (limited.status_code, limited.headers["Retry-After"]) == (429, "2")
+    remaining = [int(client.get(ISSUES).headers["X-RateLimit-Remaining"]) for _ in range(2)]
+    assert remaining == [4999, 4998]
+    github.rate_limit_next(1, reset_in=1, status=403)
+    assert client.get(ISSUES).headers["X-RateLimit-Remaining"] == "0"
+    assert [(r.method, r.path) for r in github.requests] == [("GET", ISSUES)] * 5
+    assert github.requests[0].headers["authorization"] == f"Bearer {TOKEN}"
+
+
+# -- the App: installation and installation tokens -----------------------------------------
+
+
+def test_the_app_reads_issues_with_an_installation_token(github, client):
+    open_issues(github, 3)
+    installation_id = github.install_app(REPO)
+    installation = client.get(f"/repos/{REPO}/installation", headers=JWT)
+    assert installation.status_code == 200
+    assert installation.json()["id"] == installation_id
+    assert installation.json()["app_id"] == 4200
+    minted = client.post(f"/app/installations/{installation_id}/access_tokens", headers=JWT)
+    assert minted.status_code == 201
+    token = minted.json()["token"]
+    assert [(m.token, m.installation_id) for m in github.minted_tokens] == [
+        (token, installation_id)
+    ]
+    assert github.app_jwts == [APP_JWT, APP_JWT]
+    with httpx.Client(
+        base_url=github.base_url, headers={"Authorization": f"token {token}"}
+    ) as installed:
+        assert walk(installed, f"{ISSUES}?per_page=2", key="number") == [[3, 2], [1]]
+        assert installed.get(f"/repos/{REPO}/installation").status_code == 401  # not a JWT
+
+
+def test_an_installation_has_the_shape_of_githubs_example(github, client):
+    github.install_app(REPO)
+    installation = client.get(f"/repos/{REPO}/installation", headers=JWT).json()
+    # An App without the single-file permission has no single file; the permissions are
+    # another App's than the example's: a map of names to levels all the same.
+    expected = {
+        **example("installation"),
+        "permissions": as_permissions(installation["permissions"]),
+        "single_file_name": None,
+        "single_file_paths": [],
+    }
+    assert shape(installation) == shape(expected)
+    assert installation["account"]["login"] == "acme"
+    assert installation["account"]["type"] == installation["target_type"] == "Organization"
+    assert installation["target_id"] == installation["account"]["id"]
+    assert installation["repository_selection"] == "selected"
+    assert installation["access_tokens_url"].endswith(
+        f"/app/installations/{installation['id']}/access_tokens"
+    )
+
+
+def test_an_installation_token_has_the_shape_of_githubs_example(github, client):
+    installation_id = github.install_app("acme")
+    began = datetime.now(UTC).replace(microsecond=0)
+    minted = client.post(f"/app/installations/{installation_id}/access_tokens", headers=JWT)
+    body = minted.json()
+    # GitHub lists `repositories` for a token the request limited; the fake reads no body.
+    expected = {**example("installation-token"), "permissions": as_permissions(body["permissions"])}
+    del expected["repositories"]
+    assert shape(body) == shape(expected)
+    assert re.fullmatch(r"ghs_[A-Za-z0-9]{36}", body["token"])
+    expires_at = datetime.fromisoformat(body["expires_at"])
+    assert body["expires_at"].endswith("Z")
+    assert began + timedelta(hours=1) <= expires_at <= began + timedelta(hours=1, seconds=2)
+    assert github.minted_tokens[0].expires_at == expires_at
+    assert body["repository_selection"] == "all"
+    assert body["permissions"]["issues"] == "read"
+
+
+def test_an_installation_token_reads_only_its_installations_repositories(github, client):
+    open_issues(github, 1)
+    open_issues(github, 1, repo="acme/gadgets")
+    open_issues(github, 1, repo="other/thing")
+    token = mint(client, github.install_app(REPO))
+    assert read_issues(github, token, REPO) == 200
+    assert read_issues(github, token, "acme/gadgets") == 404  # not selected
+    assert read_issues(github, token, "other/thing") == 404  # another account
+    assert github.install_app("acme/gadgets") == github.install_app(REPO)  # one per account
+    assert read_issues(github, token, "acme/gadgets") == 200
+    everything = mint(client, github.install_app("acme"))
+    assert read_issues(github, everything, "acme/gadgets") == 200
+    assert read_issues(github, everything, "other/thing") == 404
+
+
+def test_an_expired_installation_token_is_a_401(github, client):
+    open_issues(github, 1)
+    token = mint(client, github.install_app(REPO))
+    github.expire_minted_tokens()
+    answer = httpx.get(f"{github.base_url}{ISSUES}", headers={"Authorization": f"token {token}"})
+    assert (answer.status_code, answer.json()["message"]) == (401, "Bad credentials")
+
+
+def test_an_installation_token_may_not_read_the_delivery_log(github, client):
+    log_issues(github, 1)
+    token = mint(client, github.install_app(REPO))
+    answer = httpx.get(
+        f"{github.base_url}/{HOOK}/deliveries", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert (answer.status_code, answer.json()["message"]) == (
+        403,
+        "Resource not accessible by integration",
+    )
+
+
+@pytest.mark.parametrize(
+    ("authorization", "message"),
+    [
+        (f"Bearer {TOKEN}", "A JSON web token could not be decoded"),
+        (f"token {APP_JWT}", "A JSON web token could not be decoded"),
+        ("Bearer not-a-jwt", "A JSON web token could not be decoded"),
+        (None, "Requires authentication"),
+    ],
+)
+@pytest.mark.parametrize("route", ["installation", "access_tokens"])
+def test_the_app_routes_take_only_a_jwt(github, authorization, message, route):
+    installation_id = github.install_app(REPO)
+    headers = {"Authorization": authorization} if authorization else {}
+    if route == "installation":
+        answer = httpx.get(f"{github.base_url}/repos/{REPO}/installation", headers=headers)
+    else:
+        answer = httpx.post(
+            f"{github.base_url}/app/installations/{installation_id}/access_tokens",
+            headers=headers,
+        )
+    assert (answer.status_code, answer.json()["message"]) == (401, message)
+    assert github.minted_tokens == []
+
+
+def test_where_the_app_is_not_installed_is_a_404(github, client):
+    open_issues(github, 1)
+    open_issues(github, 1, repo="other/thing")
+    installation_id = github.install_app(REPO)
+    assert github.install_app("acme") == installation_id  # now on all of acme's
+    not_installed = client.get("/repos/other/thing/installation", headers=JWT)
+    assert not_installed.status_code == 404
+    assert not_installed.json()["documentation_url"] == (
+        "https://docs.github.com/rest/apps/apps"
+        "#get-a-repository-installation-for-the-authenticated-app"
+    )
+    assert client.get("/repos/acme/nowhere/installation", headers=JWT).status_code == 404
+    assert client.get(f"/repos/{REPO}/installation", headers=JWT).status_code == 200
+    unknown = client.post("/app/installations/999/access_tokens", headers=JWT)
+    assert unknown.status_code == 404
+    assert unknown.json()["documentation_url"].endswith(
+        "#create-an-installation-access-token-for-an-app"
+    )
+    tokens_url = f"/app/installations/{installation_id}/access_tokens"
+    assert client.get(tokens_url, headers=JWT).status_code == 404  # it takes a POST
+    assert github.minted_tokens == []
+
+
+def test_faults_apply_to_the_app_routes(github, client):
+    installation_id = github.install_app(REPO)
+    tokens_url = f"/app/installations/{installation_id}/access_tokens"
+    github.fail_next(1, status=503)
+    github.rate_limit_next(1)
+    assert client.get(f"/repos/{REPO}/installation", headers=JWT).status_code == 503
+    assert client.post(tokens_url, headers=JWT).status_code == 429
+    assert github.minted_tokens == []
+    minted = client.post(tokens_url, headers=JWT)
+    assert minted.status_code == 201
+    assert minted.headers["X-RateLimit-Remaining"] == "4999"
+    assert [(r.method, r.path) for r in github.requests] == [
+        ("GET", f"/repos/{REPO}/installation"),
+        ("POST", tokens_url),
+        ("POST", tokens_url),
+    ]
+
+
+def as_permissions(permissions: dict[str, Any]) -> dict[str, str]:
+    """The same names, each at a level GitHub has."""
+    assert set(permissions.values()) <= {"read", "write", "admin"}
+    return dict.fromkeys(permissions, "read")
+
+
+def mint(client: httpx.Client, installation_id: int) -> str:
+    answer = client.post(f"/app/installations/{installation_id}/access_tokens", headers=JWT)
+    assert answer.status_code == 201, answer.text
+    return answer.json()["token"]
+
+
+def read_issues(github: FakeGitHub, token: str, repo: str) -> int:
+    headers = {"Authorization": f"token {token}"}
+    return httpx.get(f"{github.base_url}/repos/{repo}/issues", headers=headers).status_code

@@ -1,0 +1,276 @@
+"""The GitHub state scan: a repository's issues and pull requests created
+since a time become tasks, once each, however often it runs -- against the
+fake GitHub (bench/fakes/github_api.py), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlalchemy import select
+
+from bench.fakes.github_api import FakeGitHub
+from models.catchup import set_app_access, set_log_access
+from models.db import session_scope
+from models.errors import InvalidSource
+from models.sources import add_source
+from models.tables import CatchUpRun, Delivery, Task, Workspace, utcnow
+from models.tasks import release_external_id
+from tests.conftest import Store
+from tests.integration.scenarios import SECRET
+from tests.integration.worker.runs import run
+from worker.catchup.api import BadCredentials
+from worker.catchup.service import scan_github
+
+TOKEN = "ghp_scan_token_never_shown"
+REPO = "acme/widgets"
+
+
+@pytest.fixture
+def github():
+    with FakeGitHub(token=TOKEN) as fake:
+        fake.add_repo(REPO)
+        yield fake
+
+
+def a_github_source(store: Store, *, events=("issues.opened", "pull_request.opened")) -> int:
+    workspace = store.workspace()
+    with session_scope(store.sessions) as session:
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace.id,
+            slug="acme-github",
+            secret=SECRET,
+            create_events=list(events),
+        )
+    return workspace.id
+
+
+def with_token(store: Store, github: FakeGitHub, target: str = f"repos/{REPO}") -> None:
+    with session_scope(store.sessions) as session:
+        set_log_access(
+            session=session,
+            slug="acme-github",
+            target=target,
+            hook_id="123",
+            token=TOKEN,
+            api_base_url=github.base_url,
+        )
+
+
+def scan(store: Store, sent: list[int] | None = None, **options):
+    sent = [] if sent is None else sent
+    options.setdefault("since", utcnow() - timedelta(days=30))
+    return scan_github(sessions=store.sessions, slug="acme-github", send=sent.append, **options)
+
+
+def drain(store: Store, pks: list[int]) -> None:
+    for pk in pks:
+        assert run(store, pk).status.value == "done"
+
+
+def titles(store: Store) -> list[str]:
+    with session_scope(store.sessions) as session:
+        return sorted(session.scalars(select(Task.title)))
+
+
+def test_items_created_since_become_tasks_once_however_often_it_runs(
+    store: Store, github: FakeGitHub
+):
+    a_github_source(store)
+    with_token(store, github)
+    now = utcnow()
+    github.page_size_cap = 10  # several pages
+    for number in range(1, 26):
+        github.open_issue(
+            REPO,
+            title=f"Issue {number}",
+            created_at=now - timedelta(days=40 - number),  # 1..10 before the window
+            pull_request=number % 5 == 0,
+        )
+    github.close_issue(REPO, 24)  # closed since: a create all the same (state=all)
+    sent: list[int] = []
+
+    report = scan(store, sent)
+
+    created_since = [n for n in range(1, 26) if 40 - n < 30]
+    assert len(report.missed) == len(report.recovered) == len(sent) == len(created_since)
+    assert report.missed[0] == f"scan:gh-issue/{REPO}#{created_since[0]}"  # oldest first
+    drain(store, sent)
+    expected = sorted(f"Issue {n}" for n in created_since)
+    assert titles(store) == expected
+    with session_scope(store.sessions) as session:
+        rows = session.scalars(select(Delivery)).all()
+        assert {row.origin for row in rows} == {"scan"}
+        assert {row.event for row in rows} == {"issues.opened", "pull_request.opened"}
+        assert {row.catchup_run_id for row in rows} == {report.run_id}
+        pulls = {row.external_id for row in rows if row.event == "pull_request.opened"}
+        assert pulls == {f"gh-pr/{REPO}#{n}" for n in created_since if n % 5 == 0}
+        run_row = session.get(CatchUpRun, report.run_id)
+        assert run_row.kind == "scan" and run_row.covered_until == report.started_at
+
+    again = scan(store)
+    assert again.missed == [] and again.recovered == []
+    assert titles(store) == expected
+
+
+def test_an_item_the_workspace_had_a_task_for_is_left_alone_even_once_released(
+    store: Store, github: FakeGitHub
+):
+    workspace_id = a_github_source(store, events=["issues.opened"])
+    with_token(store, github)
+    for number in (1, 2, 3):
+        github.open_issue(REPO, title=f"Issue {number}")
+    github.open_issue(REPO, title="A pull request", pull_request=True)  # no task for these
+    first = scan(store)
+    drain(store, first.recovered)
+    assert len(first.recovered) == 3  # the pull request is not a create of this source
+    with session_scope(store.sessions) as session:
+        release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=f"gh-issue/{REPO}#2",
+            operator="ops",
+            reason="made by mistake",
+        )
+        # and a delivery row of the scan removed: the identity alone still says "had it"
+        session.execute(
+            Delivery.__table__.delete().where(Delivery.delivery_id == f"scan:gh-issue/{REPO}#2")
+        )
+    github.open_issue(REPO, title="Issue 5")
+
+    again = scan(store)
+
+    assert again.missed == [f"scan:gh-issue/{REPO}#5"]
+    drain(store, again.recovered)
+    assert titles(store) == ["Issue 1", "Issue 2", "Issue 3", "Issue 5"]
+
+
+def test_a_scan_cut_off_halfway_then_run_again_stores_nothing_twice_and_misses_nothing(
+    store: Store, github: FakeGitHub
+):
+    a_github_source(store)
+    with_token(store, github)
+    for number in range(1, 11):
+        github.open_issue(REPO, title=f"Issue {number}")
+    sent: list[int] = []
+
+    def broker_dies_after_four(pk: int) -> None:
+        if len(sent) == 4:
+            raise ConnectionError("the broker went away")
+        sent.append(pk)
+
+    with pytest.raises(ConnectionError):
+        scan_github(
+            sessions=store.sessions,
+            slug="acme-github",
+            send=broker_dies_after_four,
+            since=utcnow() - timedelta(days=1),
+        )
+    with session_scope(store.sessions) as session:
+        stopped = session.scalars(select(CatchUpRun)).one()
+        assert stopped.error.startswith("ConnectionError") and stopped.covered_until is None
+        # The fifth was stored before its send failed: queued, for the sweeper.
+        assert session.query(Delivery).count() == 5
+
+    rest = scan(store, since=utcnow() - timedelta(days=1))
+
+    assert len(rest.recovered) == 5
+    drain(store, sent + rest.recovered)
+    with session_scope(store.sessions) as session:
+        fifth = session.scalars(select(Delivery).where(Delivery.id.not_in(sent + rest.recovered)))
+        drain(store, [row.id for row in fifth])
+    assert titles(store) == sorted(f"Issue {n}" for n in range(1, 11))
+
+
+def test_a_dry_run_says_what_is_missing_and_stores_nothing(store: Store, github: FakeGitHub):
+    a_github_source(store)
+    with_token(store, github)
+    github.open_issue(REPO, title="Issue 1")
+    report = scan(store, dry_run=True)
+    assert report.missed == [f"scan:gh-issue/{REPO}#1"] and report.recovered == []
+    with session_scope(store.sessions) as session:
+        assert session.query(Delivery).count() == 0
+        assert session.get(CatchUpRun, report.run_id).covered_until is None
+
+
+def test_an_organization_hook_is_scanned_one_named_repository_at_a_time(
+    store: Store, github: FakeGitHub
+):
+    a_github_source(store)
+    with_token(store, github, target="orgs/acme")
+    github.open_issue(REPO, title="Issue 1")
+    with pytest.raises(InvalidSource, match="--repo OWNER/REPO"):
+        scan(store)
+    report = scan(store, repo=REPO)
+    assert len(report.recovered) == 1
+    # One repository of the organization's: the source is not covered by it.
+    assert report.covered_until is None
+
+
+def test_a_github_app_scans_with_an_installation_token_its_jwt_mints(
+    store: Store, github: FakeGitHub
+):
+    a_github_source(store)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+    with session_scope(store.sessions) as session:
+        set_app_access(
+            session=session,
+            slug="acme-github",
+            app_id="4200",
+            private_key=pem,
+            api_base_url=github.base_url,
+        )
+    github.install_app(REPO)
+    github.open_issue(REPO, title="Issue 1")
+
+    report = scan(store, repo=REPO)
+
+    assert len(report.recovered) == 1 and len(github.minted_tokens) == 1
+    with pytest.raises(BadCredentials, match="not installed on acme/gadgets"):
+        scan(store, repo="acme/gadgets")
+
+
+def test_a_token_github_refuses_is_one_clear_error_recorded_on_the_run(
+    store: Store, github: FakeGitHub
+):
+    a_github_source(store)
+    with session_scope(store.sessions) as session:
+        set_log_access(
+            session=session,
+            slug="acme-github",
+            target=f"repos/{REPO}",
+            hook_id="123",
+            token="ghp_wrong_token",
+            api_base_url=github.base_url,
+        )
+    with pytest.raises(BadCredentials) as raised:
+        scan(store)
+    assert "ghp_wrong_token" not in str(raised.value)
+    with session_scope(store.sessions) as session:
+        error = session.scalars(select(CatchUpRun.error)).one()
+        assert "401" in error and "ghp_wrong_token" not in error
+
+
+def test_a_body_the_scan_synthesizes_is_what_the_worker_reads(store: Store, github: FakeGitHub):
+    a_github_source(store)
+    with_token(store, github)
+    github.open_issue(REPO, title="Widgets <b>break</b>", body="Steps: …")
+    (pk,) = scan(store).recovered
+    drain(store, [pk])
+    with session_scope(store.sessions) as session:
+        row = session.get(Delivery, pk)
+        payload = json.loads(row.body)
+        assert payload["action"] == "opened" and payload["repository"]["full_name"] == REPO
+        task = session.scalars(select(Task)).one()
+        assert task.title == "Widgets <b>break</b>" and task.description == "Steps: …"
+        assert session.scalar(select(Workspace.id)) == task.workspace_id
