@@ -15,6 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from bench.fakes.github_api import FakeGitHub
 from models.catchup import set_log_access
 from models.db import session_scope
 from models.sources import add_source
@@ -22,7 +23,6 @@ from models.tables import Delivery, Task
 from models.workspaces import create_workspace
 from tests.deliveries import FIXTURES, github_headers
 from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
-from bench.fakes.github_api import FakeGitHub
 
 pytestmark = pytest.mark.e2e
 

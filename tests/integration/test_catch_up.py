@@ -14,13 +14,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from bench.fakes.github_api import FakeGitHub
 from models.catchup import log_settings, set_app_access, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
 from models.tables import CatchUpRun, CatchUpSource, Delivery, Workspace, utcnow
 from tests.conftest import Store
 from tests.deliveries import FIXTURES
-from bench.fakes.github_api import FakeGitHub
 from tests.integration.scenarios import a_source
 from tests.integration.worker.feeds import tasks_of
 from tests.integration.worker.runs import run

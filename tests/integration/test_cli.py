@@ -29,6 +29,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from click.testing import CliRunner, Result
 from sqlalchemy import update
 
+from bench.fakes.github_api import FakeGitHub
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY, RELEASE_IDENTITY
@@ -38,7 +39,6 @@ from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
 from tests.conftest import TRUSTED, Store
 from tests.deliveries import FIXTURES
-from bench.fakes.github_api import FakeGitHub
 from tests.integration.scenarios import (
     EXTERNAL_ID,
     SECRET,
@@ -1567,3 +1567,67 @@ def test_source_catch_up_of_an_app_refuses_bad_values_and_stores_nothing(
     assert secret_line not in result.output and secret_line[::-1] not in result.output
     with session_scope(store.sessions) as session:
         assert session.get(CatchUpSource, 1) is None
+
+
+def _with_token(store: Store, github: FakeGitHub, *owner: str) -> None:
+    given = ("source", "catch-up", "acme-github", *(owner or ("--repo", "acme/widgets")))
+    result = taskhook(
+        store,
+        *given,
+        "--hook-id",
+        "77",
+        "--api-url",
+        github.base_url,
+        "--token-stdin",
+        input=f"{CATCH_UP_TOKEN}\n",
+    )
+    assert result.exit_code == 0, result.output
+
+
+def test_catch_up_github_scan_stores_each_item_once_however_often_it_runs(
+    store: Store, github_log: FakeGitHub, celery: FakeApp
+):
+    _with_token(store, github_log)
+    for number in (1, 2, 3, 4):
+        github_log.open_issue("acme/widgets", title=f"Opened long ago, #{number}")
+    scan = ("catch-up", "github", "--source", "acme-github", "--scan", "--since", "2026-11-01")
+
+    done = as_json(taskhook(store, *scan, "--json"))
+    assert done["kind"] == "scan" and len(done["recovered"]) == 4
+    assert done["missed"][0] == "scan:gh-issue/acme/widgets#1"
+    assert len(celery.sent) == 4
+
+    again = taskhook(store, *scan)
+    assert again.exit_code == 0, again.output
+    assert "GitHub's issues and pull requests" in again.stdout
+    assert "Missed creates" in again.stdout and len(celery.sent) == 4
+    stats = taskhook(store, "stats").stdout
+    assert "Last catch-up of acme-github (scan)" in stats
+    assert CATCH_UP_TOKEN not in again.output + stats
+
+
+def test_catch_up_github_scan_of_an_organization_hook_names_its_repository(
+    store: Store, github_log: FakeGitHub, celery: FakeApp
+):
+    _with_token(store, github_log, "--org", "acme")
+    github_log.open_issue("acme/widgets", title="One")
+    scan = ("catch-up", "github", "--source", "acme-github", "--scan", "--since", "3d")
+    line = refused(taskhook(store, *scan))
+    assert "name the repository to scan (--repo OWNER/REPO)" in line
+    done = taskhook(store, *scan, "--repo", "acme/widgets")
+    assert done.exit_code == 0, done.output
+    assert "the source is not covered by it" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--scan", "--redeliver"), "a --scan reads no log"),
+        (("--repo", "acme/widgets"), "--repo names the repository a --scan lists"),
+        (("--scan", "--repo", "not a repo"), "OWNER/REPO"),
+    ],
+    ids=["scan and redeliver", "repo without scan", "bad repo"],
+)
+def test_catch_up_github_scan_options_that_do_not_fit_are_usage_errors(store: Store, args, says):
+    line = usage_error(taskhook(store, "catch-up", "github", "--source", "x", *args))
+    assert says in line
