@@ -1,0 +1,182 @@
+"""Catch-up of a Jira source by a search of its site: the issues created
+since a time become tasks, once each, however often it runs -- against the
+fake Jira (bench/fakes/jira_api.py), Cloud and Data Center, on SQLite and
+PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from bench.fakes.jira_api import FakeJira
+from models.catchup import jira_settings, set_jira_access, set_log_access
+from models.db import session_scope
+from models.errors import InvalidSource
+from models.sources import add_source
+from models.tables import CatchUpRun, CatchUpSource, Delivery, Task, utcnow
+from tests.conftest import Store
+from tests.integration.scenarios import SECRET
+from tests.integration.worker.runs import run
+from worker.catchup.api import BadCredentials, UnexpectedResponse
+from worker.catchup.service import catch_up_jira
+
+EMAIL, API_TOKEN, PAT = "ops@acme.example", "ATATT3x-jira-token-never-shown", "jira-pat-never-shown"
+
+
+@pytest.fixture
+def jira():
+    with FakeJira(email=EMAIL, api_token=API_TOKEN, pat=PAT) as fake:
+        fake.add_project("OPS")
+        yield fake
+
+
+def a_jira_source(store: Store, jira: FakeJira, *, cloud: bool = True, jql: str | None = None):
+    workspace = store.workspace()
+    with session_scope(store.sessions) as session:
+        add_source(
+            session=session,
+            provider="jira",
+            workspace_id=workspace.id,
+            slug="acme-jira",
+            secret=SECRET,
+            create_events=["jira:issue_created"],
+            site_url=jira.base_url,
+        )
+        set_jira_access(
+            session=session,
+            slug="acme-jira",
+            token=API_TOKEN if cloud else PAT,
+            email=EMAIL if cloud else None,
+            jql=jql,
+        )
+    return workspace.id
+
+
+def search(store: Store, sent: list[int] | None = None, **options):
+    sent = [] if sent is None else sent
+    return catch_up_jira(sessions=store.sessions, slug="acme-jira", send=sent.append, **options)
+
+
+def drain(store: Store, pks: list[int]) -> None:
+    for pk in pks:
+        assert run(store, pk).status.value == "done"
+
+
+def tasks(store: Store) -> list[tuple[str, str]]:
+    with session_scope(store.sessions) as session:
+        return sorted(tuple(row) for row in session.execute(select(Task.external_id, Task.title)))
+
+
+@pytest.mark.parametrize("cloud", [True, False], ids=["cloud", "data center"])
+def test_issues_created_since_become_tasks_once_however_often_it_runs(
+    store: Store, jira: FakeJira, cloud: bool
+):
+    a_jira_source(store, jira, cloud=cloud)
+    jira.page_size_cap = 20  # several Cloud pages
+    now = utcnow()
+    for number in range(1, 61):
+        # 1..10 were created before the window
+        jira.create_issue(summary=f"Issue {number}", created_at=now - timedelta(hours=70 - number))
+    sent: list[int] = []
+
+    report = search(store, sent, since=now - timedelta(hours=60))
+
+    assert report.kind == "search"
+    assert len(report.recovered) == len(sent) == 50
+    assert report.missed[0] == "scan:jira:PROJ-11"  # oldest first
+    drain(store, sent)
+    assert tasks(store) == sorted((f"jira:PROJ-{n}", f"Issue {n}") for n in range(11, 61))
+    with session_scope(store.sessions) as session:
+        rows = session.scalars(select(Delivery)).all()
+        assert {(row.origin, row.event) for row in rows} == {("scan", "jira:issue_created")}
+        assert session.get(CatchUpRun, report.run_id).covered_until == report.started_at
+    jql = jira.requests[0].query["jql"]
+    assert jql.startswith("created >= -") and jql.endswith("ORDER BY created DESC")
+
+    again = search(store)  # from the last run's end
+    assert again.missed == [] and again.recovered == []
+    assert len(tasks(store)) == 50
+
+
+def test_the_sources_filter_narrows_the_search(store: Store, jira: FakeJira):
+    a_jira_source(store, jira, jql="project = OPS")
+    jira.create_issue(project="PROJ", summary="Not ours")
+    jira.create_issue(project="OPS", summary="Ours")
+    report = search(store, since=utcnow() - timedelta(hours=1))
+    drain(store, report.recovered)
+    assert tasks(store) == [("jira:OPS-1", "Ours")]
+    assert jira.requests[0].query["jql"].startswith("(project = OPS) AND created >= -")
+
+
+def test_a_filter_jira_cannot_run_is_one_clear_error(store: Store, jira: FakeJira):
+    a_jira_source(store, jira, jql="project = NOPE")
+    with pytest.raises(UnexpectedResponse, match="check the source's JQL filter"):
+        search(store, since=utcnow() - timedelta(hours=1))
+
+
+@pytest.mark.parametrize("cloud", [True, False], ids=["cloud", "data center"])
+def test_a_credential_jira_refuses_is_one_clear_error_recorded_on_the_run(
+    store: Store, jira: FakeJira, cloud: bool
+):
+    a_jira_source(store, jira, cloud=cloud)
+    with session_scope(store.sessions) as session:
+        session.get(CatchUpSource, 1).token = "wrong-token"
+    with pytest.raises(BadCredentials, match="401") as raised:
+        search(store, since=utcnow() - timedelta(hours=1))
+    assert "wrong-token" not in str(raised.value)
+    with session_scope(store.sessions) as session:
+        error = session.scalars(select(CatchUpRun.error)).one()
+        assert "401" in error and "wrong-token" not in error and API_TOKEN not in error
+
+
+def test_a_rate_limit_and_a_5xx_are_waited_out(store: Store, jira: FakeJira):
+    a_jira_source(store, jira)
+    jira.create_issue(summary="Issue 1")
+    jira.rate_limit_next(1, retry_after=1)
+    jira.fail_next(1, status=503)
+    report = search(store, since=utcnow() - timedelta(hours=1))
+    assert len(report.recovered) == 1
+
+
+def test_a_search_cut_off_halfway_then_run_again_stores_nothing_twice(store: Store, jira: FakeJira):
+    a_jira_source(store, jira)
+    for number in range(1, 9):
+        jira.create_issue(summary=f"Issue {number}")
+    sent: list[int] = []
+
+    def broker_dies_after_three(pk: int) -> None:
+        if len(sent) == 3:
+            raise ConnectionError("the broker went away")
+        sent.append(pk)
+
+    with pytest.raises(ConnectionError):
+        catch_up_jira(
+            sessions=store.sessions,
+            slug="acme-jira",
+            send=broker_dies_after_three,
+            since=utcnow() - timedelta(hours=1),
+        )
+    rest = search(store)  # no complete run yet: from three days back
+    assert len(rest.recovered) == 4
+    with session_scope(store.sessions) as session:
+        drain(store, list(session.scalars(select(Delivery.id))))
+    assert len(tasks(store)) == 8
+
+
+def test_jira_access_is_checked_and_its_token_never_shown(store: Store, jira: FakeJira):
+    a_jira_source(store, jira)
+    with session_scope(store.sessions) as session:
+        settings = jira_settings(session=session, slug="acme-jira")
+        assert settings.site_url == jira.base_url and settings.email == EMAIL
+        assert API_TOKEN not in repr(settings)
+        for bad in (
+            {"email": "not-an-email"},
+            {"jql": "project = OPS ORDER BY key"},
+            {"jql": "two\nlines"},
+        ):
+            with pytest.raises(InvalidSource):
+                set_jira_access(session=session, slug="acme-jira", token=API_TOKEN, **bad)
+        with pytest.raises(InvalidSource, match="this access is for GitHub"):
+            set_log_access(session=session, slug="acme-jira", target="orgs/acme", token="t")
