@@ -24,7 +24,7 @@ from tests.deliveries import FIXTURES
 from tests.integration.scenarios import a_source
 from tests.integration.worker.feeds import tasks_of
 from tests.integration.worker.runs import run
-from worker.catchup.github_log import BadCredentials, RateLimited
+from worker.catchup.github_log import ApiUnavailable, BadCredentials, DeliveryLog, RateLimited
 from worker.catchup.service import catch_up_github
 
 TOKEN = "ghp_catchup_token_never_shown"
@@ -68,7 +68,8 @@ def workspace_id(store: Store) -> int:
 
 def catch_up(store: Store, sent: list[int] | None = None, **options):
     sent = [] if sent is None else sent
-    return catch_up_github(sessions=store.sessions, slug="acme-github", send=sent.append, **options)
+    options.setdefault("send", sent.append)
+    return catch_up_github(sessions=store.sessions, slug="acme-github", **options)
 
 
 def failed_deliveries(github: FakeGitHub, count: int, *, first: int = 1) -> list[str]:
@@ -163,25 +164,53 @@ def test_a_run_interrupted_halfway_then_run_again_misses_nothing_and_stores_noth
     guids = failed_deliveries(github, 12)
     fetched: list[int] = []
 
-    class Interrupted(Exception):
-        pass
+    class GoneAfterSix(DeliveryLog):
+        """GitHub stops answering after six deliveries were fetched."""
 
-    def send(pk: int) -> None:
-        fetched.append(pk)
-        if len(fetched) == 6:
-            raise Interrupted()
+        def request_of(self, attempt_id):
+            if len(fetched) == 6:
+                raise ApiUnavailable("GitHub answered 502 on each of 4 tries")
+            fetched.append(attempt_id)
+            return super().request_of(attempt_id)
 
-    with pytest.raises(Interrupted):
-        catch_up_github(sessions=store.sessions, slug="acme-github", send=send)
+    def cut_off(settings):
+        return GoneAfterSix(
+            hook_path=settings.hook_path, api_base_url=settings.api_base_url, token=TOKEN
+        )
+
+    with pytest.raises(ApiUnavailable):
+        catch_up(store, open_log=cut_off)
     with session_scope(store.sessions) as session:
+        # What was fetched before GitHub went away is stored, not dropped.
         assert len(session.scalars(select(Delivery)).all()) == 6
         (interrupted,) = session.scalars(select(CatchUpRun)).all()
-        assert interrupted.covered_until is None and interrupted.error
+        assert interrupted.covered_until is None and "502" in interrupted.error
 
     again = catch_up(store)
     assert len(again.recovered) == 6
     with session_scope(store.sessions) as session:
         assert sorted(session.scalars(select(Delivery.delivery_id))) == sorted(guids)
+
+
+def test_stored_deliveries_the_broker_did_not_take_wait_queued_for_the_sweeper(
+    store: Store, github: FakeGitHub, source: str
+):
+    guids = failed_deliveries(github, 8)
+    sent: list[int] = []
+
+    def broker_dies_after_three(pk: int) -> None:
+        if len(sent) == 3:
+            raise ConnectionError("the broker went away")
+        sent.append(pk)
+
+    with pytest.raises(ConnectionError):
+        catch_up(store, sent=None, send=broker_dies_after_three)
+    with session_scope(store.sessions) as session:
+        rows = session.scalars(select(Delivery)).all()
+        # Committed before any was sent: all stored, the unsent still queued.
+        assert sorted(row.delivery_id for row in rows) == sorted(guids)
+        assert {row.status for row in rows if row.id not in sent} == {"queued"}
+    assert catch_up(store).missed == []
 
 
 def test_bad_credentials_are_one_clear_error_recorded_on_the_run(

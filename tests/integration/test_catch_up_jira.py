@@ -19,7 +19,8 @@ from models.tables import CatchUpRun, CatchUpSource, Delivery, Task, utcnow
 from tests.conftest import Store
 from tests.integration.scenarios import SECRET
 from tests.integration.worker.runs import run
-from worker.catchup.api import BadCredentials, UnexpectedResponse
+from worker.catchup.api import ApiUnavailable, BadCredentials, UnexpectedResponse
+from worker.catchup.jira_search import JiraSearch
 from worker.catchup.service import catch_up_jira
 
 EMAIL, API_TOKEN, PAT = "ops@acme.example", "ATATT3x-jira-token-never-shown", "jira-pat-never-shown"
@@ -142,26 +143,35 @@ def test_a_rate_limit_and_a_5xx_are_waited_out(store: Store, jira: FakeJira):
 
 def test_a_search_cut_off_halfway_then_run_again_stores_nothing_twice(store: Store, jira: FakeJira):
     a_jira_source(store, jira)
+    jira.page_size_cap = 3
     for number in range(1, 9):
         jira.create_issue(summary=f"Issue {number}")
-    sent: list[int] = []
 
-    def broker_dies_after_three(pk: int) -> None:
-        if len(sent) == 3:
-            raise ConnectionError("the broker went away")
-        sent.append(pk)
+    class GoneAfterOnePage(JiraSearch):
+        pages = 0
 
-    with pytest.raises(ConnectionError):
-        catch_up_jira(
-            sessions=store.sessions,
-            slug="acme-jira",
-            send=broker_dies_after_three,
-            since=utcnow() - timedelta(hours=1),
+        def _page(self, path, params):
+            if GoneAfterOnePage.pages == 1:
+                raise ApiUnavailable("Jira answered 503 on each of 4 tries")
+            GoneAfterOnePage.pages += 1
+            return super()._page(path, params)
+
+    def cut_off(settings):
+        return GoneAfterOnePage(
+            site_url=settings.site_url, token=settings.token, email=settings.email
         )
-    rest = search(store)  # no complete run yet: from three days back
-    assert len(rest.recovered) == 4
+
+    # The second page never comes: nothing is stored from a search read in part.
+    with pytest.raises(ApiUnavailable):
+        search(store, since=utcnow() - timedelta(hours=1), open_search=cut_off)
+    assert GoneAfterOnePage.pages == 1
     with session_scope(store.sessions) as session:
-        drain(store, list(session.scalars(select(Delivery.id))))
+        assert session.query(Delivery).count() == 0
+
+    first = search(store)  # no complete run yet: from three days back
+    again = search(store)
+    assert len(first.recovered) == 8 and again.missed == []
+    drain(store, first.recovered)
     assert len(tasks(store)) == 8
 
 

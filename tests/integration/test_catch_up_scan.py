@@ -22,7 +22,7 @@ from models.tasks import release_external_id
 from tests.conftest import Store
 from tests.integration.scenarios import SECRET
 from tests.integration.worker.runs import run
-from worker.catchup.api import BadCredentials
+from worker.catchup.api import ApiUnavailable, BadCredentials
 from worker.catchup.service import scan_github
 
 TOKEN = "ghp_scan_token_never_shown"
@@ -157,6 +157,9 @@ def test_a_scan_cut_off_halfway_then_run_again_stores_nothing_twice_and_misses_n
     with_token(store, github)
     for number in range(1, 11):
         github.open_issue(REPO, title=f"Issue {number}")
+    github.fail_next(4, status=502)  # GitHub is down on every try: nothing listed or stored
+    with pytest.raises(ApiUnavailable):
+        scan(store, since=utcnow() - timedelta(days=1))
     sent: list[int] = []
 
     def broker_dies_after_four(pk: int) -> None:
@@ -172,18 +175,17 @@ def test_a_scan_cut_off_halfway_then_run_again_stores_nothing_twice_and_misses_n
             since=utcnow() - timedelta(days=1),
         )
     with session_scope(store.sessions) as session:
-        stopped = session.scalars(select(CatchUpRun)).one()
-        assert stopped.error.startswith("ConnectionError") and stopped.covered_until is None
-        # The fifth was stored before its send failed: queued, for the sweeper.
-        assert session.query(Delivery).count() == 5
+        runs = session.scalars(select(CatchUpRun).order_by(CatchUpRun.id)).all()
+        assert [run.error.split(":")[0] for run in runs] == ["ApiUnavailable", "ConnectionError"]
+        assert {run.covered_until for run in runs} == {None}
+        # Stored before any was sent: the unsent wait queued, for the sweeper.
+        assert session.query(Delivery).count() == 10
 
     rest = scan(store, since=utcnow() - timedelta(days=1))
 
-    assert len(rest.recovered) == 5
-    drain(store, sent + rest.recovered)
+    assert rest.missed == [] and rest.recovered == []
     with session_scope(store.sessions) as session:
-        fifth = session.scalars(select(Delivery).where(Delivery.id.not_in(sent + rest.recovered)))
-        drain(store, [row.id for row in fifth])
+        drain(store, list(session.scalars(select(Delivery.id))))
     assert titles(store) == sorted(f"Issue {n}" for n in range(1, 11))
 
 
