@@ -30,10 +30,11 @@ from click.testing import CliRunner, Result
 from sqlalchemy import update
 
 from bench.fakes.github_api import FakeGitHub
+from bench.fakes.jira_api import FakeJira
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY, RELEASE_IDENTITY
-from models.sources import verifying_source
+from models.sources import add_source, verifying_source
 from models.tables import CatchUpSource, Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
@@ -1631,3 +1632,82 @@ def test_catch_up_github_scan_of_an_organization_hook_names_its_repository(
 def test_catch_up_github_scan_options_that_do_not_fit_are_usage_errors(store: Store, args, says):
     line = usage_error(taskhook(store, "catch-up", "github", "--source", "x", *args))
     assert says in line
+
+
+JIRA_EMAIL, JIRA_TOKEN = "ops@acme.example", "ATATT3x-cli-jira-token-never-printed"
+
+
+@pytest.fixture
+def jira_site(store: Store) -> Iterator[FakeJira]:
+    workspace = store.workspace()
+    with FakeJira(email=JIRA_EMAIL, api_token=JIRA_TOKEN, pat=JIRA_TOKEN) as jira:
+        with session_scope(store.sessions) as session:
+            add_source(
+                session=session,
+                provider="jira",
+                workspace_id=workspace.id,
+                slug="acme-jira",
+                secret=SECRET,
+                create_events=["jira:issue_created"],
+                site_url=jira.base_url,
+            )
+        for number in (1, 2, 3):
+            jira.create_issue(summary=f"Opened while we were down, #{number}")
+        yield jira
+
+
+@pytest.mark.parametrize("access", [("--email", JIRA_EMAIL), ("--pat",)], ids=["cloud", "pat"])
+def test_catch_up_jira_searches_the_site_and_stores_each_issue_once(
+    store: Store, jira_site: FakeJira, celery: FakeApp, access
+):
+    given = taskhook(store, "source", "catch-up", "acme-jira", *access, input=f"{JIRA_TOKEN}\n")
+    assert given.exit_code == 0, given.output
+    assert "taskhook catch-up jira --source acme-jira --dry-run" in given.stdout
+    run = ("catch-up", "jira", "--source", "acme-jira")
+
+    dry = as_json(taskhook(store, *run, "--dry-run", "--json"))
+    assert dry["missed"] == [f"scan:jira:PROJ-{n}" for n in (1, 2, 3)] and celery.sent == []
+    done = as_json(taskhook(store, *run, "--json"))
+    assert done["kind"] == "search" and len(done["recovered"]) == len(celery.sent) == 3
+    again = taskhook(store, *run)
+    assert again.exit_code == 0 and "Jira's issue search" in again.stdout
+    assert len(celery.sent) == 3
+    stats = taskhook(store, "stats").stdout
+    assert "Last catch-up of acme-jira (Jira search)" in stats
+    for output in (given.output, dry, done, again.output, stats):
+        assert JIRA_TOKEN not in str(output)
+
+
+def test_catch_up_jira_with_a_wrong_token_is_one_clear_line(store: Store, jira_site: FakeJira):
+    taskhook(store, "source", "catch-up", "acme-jira", "--email", JIRA_EMAIL, input="wrong-token\n")
+    line = refused(taskhook(store, "catch-up", "jira", "--source", "acme-jira"))
+    assert line.startswith("Error: catch-up of acme-jira stopped: Jira rejected")
+    assert "wrong-token" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--email", "ops@acme.example", "--pat"), "one of them"),
+        (("--jql", "project = PROJ"), "one of them"),
+        (("--email", "not an email"), "not an email address"),
+        (("--pat", "--jql", "project = PROJ ORDER BY key"), "ORDER BY"),
+        (("--pat", "--site", "ftp://jira.example"), "http(s) URL"),
+        (("--pat", "--repo", "acme/widgets"), "for a Jira source"),
+    ],
+    ids=["both", "neither", "bad email", "order by", "bad site", "and a repo"],
+)
+def test_source_catch_up_of_jira_refuses_bad_values_and_stores_nothing(
+    store: Store, jira_site: FakeJira, args, says
+):
+    result = taskhook(store, "source", "catch-up", "acme-jira", *args, input="t\n")
+    assert says in usage_error(result)
+    with session_scope(store.sessions) as session:
+        assert session.get(CatchUpSource, 1) is None
+
+
+def test_catch_up_jira_of_a_github_source_says_which_it_is(store: Store, github_log: FakeGitHub):
+    line = refused(taskhook(store, "catch-up", "jira", "--source", "acme-github"))
+    assert "is a github source, not Jira's" in line
+    given = taskhook(store, "source", "catch-up", "acme-github", "--pat", input="t\n")
+    assert "this access is for a Jira site" in refused(given)
