@@ -1,8 +1,9 @@
 """Catch-up end to end: 50 issues opened while the ingress was down, in the
 fake GitHub's log as failed deliveries; the real CLI recovers them, a real
 worker makes 50 tasks, once each, and nothing is made twice -- not by a second
-run, not by GitHub's own redelivery arriving late. Real processes on
-PostgreSQL and Redis; GitHub is bench/fakes/github_api.py."""
+run, not by GitHub's own redelivery arriving late. The same with the state
+scan (items older than the log) and with Jira's search. Real processes on
+PostgreSQL and Redis; GitHub and Jira are bench/fakes/."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import json
 import subprocess
 import sys
 import uuid
+from datetime import timedelta
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
 from bench.fakes.github_api import FakeGitHub
-from models.catchup import set_log_access
+from bench.fakes.jira_api import FakeJira
+from models.catchup import set_jira_access, set_log_access
 from models.db import session_scope
 from models.sources import add_source
-from models.tables import Delivery, Task
+from models.tables import Delivery, Task, utcnow
 from models.workspaces import create_workspace
 from tests.deliveries import FIXTURES, github_headers
 from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
@@ -38,7 +41,7 @@ def issue(number: int) -> dict:
     return payload
 
 
-def taskhook(postgres_url: str, redis_url: str, *args: str) -> dict:
+def taskhook(postgres_url: str, redis_url: str, *args: str, secret: str = TOKEN) -> dict:
     """The real CLI in a process of its own, as an operator runs it."""
     done = subprocess.run(
         [sys.executable, "-m", "worker.cli", *args, "--json"],
@@ -49,7 +52,7 @@ def taskhook(postgres_url: str, redis_url: str, *args: str) -> dict:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert TOKEN not in done.stdout + done.stderr
+    assert secret not in done.stdout + done.stderr
     return json.loads(done.stdout)
 
 
@@ -124,3 +127,101 @@ def test_fifty_issues_missed_during_an_outage_become_fifty_tasks_once(
             select(Delivery.origin, func.count()).group_by(Delivery.origin)
         ).all()
         assert dict(origins) == {"catch-up": ISSUES}
+
+
+def a_workspace_with(sessions, provider: str, slug: str, **source) -> int:
+    with session_scope(sessions) as session:
+        workspace = create_workspace(
+            session=session, slug=f"{slug}-ws", name=slug, task_prefix=slug[:3].upper()
+        )
+        add_source(
+            session=session,
+            provider=provider,
+            workspace_id=workspace.id,
+            slug=slug,
+            secret=SECRET,
+            **source,
+        )
+        return workspace.id
+
+
+def tasks_in(sessions, workspace_id: int) -> list[str]:
+    with session_scope(sessions) as session:
+        held = select(Task.external_id).where(Task.workspace_id == workspace_id)
+        return sorted(session.scalars(held))
+
+
+def test_fifty_items_older_than_the_log_become_fifty_tasks_once_by_a_scan(
+    postgres_url, redis_url, sessions, start_worker
+):
+    workspace_id = a_workspace_with(
+        sessions, "github", "scan-github", create_events=["issues.opened", "pull_request.opened"]
+    )
+    with FakeGitHub(token=TOKEN) as github:
+        github.page_size_cap = 20  # three pages
+        for number in range(1, ISSUES + 1):
+            github.open_issue(
+                "acme/widgets",
+                title=f"Opened before the log's three days, #{number}",
+                created_at=utcnow() - timedelta(days=10, minutes=number),
+                pull_request=number % 10 == 0,
+            )
+        with session_scope(sessions) as session:
+            set_log_access(
+                session=session,
+                slug="scan-github",
+                target="repos/acme/widgets",
+                hook_id="4242",
+                token=TOKEN,
+                api_base_url=github.base_url,
+            )
+        worker = start_worker("scan")
+        scan = ("catch-up", "github", "--source", "scan-github", "--scan", "--since", "14d")
+        first = taskhook(postgres_url, redis_url, *scan)
+        assert len(first["recovered"]) == ISSUES
+        wait_until(
+            finished(sessions, *first["recovered"]), timeout=60, what="the scan", logs=[worker]
+        )
+        again = taskhook(postgres_url, redis_url, *scan)
+        assert again["missed"] == [] and again["recovered"] == []
+
+    expected = sorted(
+        f"gh-{'pr' if n % 10 == 0 else 'issue'}/acme/widgets#{n}" for n in range(1, ISSUES + 1)
+    )
+    assert tasks_in(sessions, workspace_id) == expected
+
+
+def test_fifty_jira_issues_missed_become_fifty_tasks_once_by_a_search(
+    postgres_url, redis_url, sessions, start_worker
+):
+    token = "ATATT3x-e2e-jira-token"
+    with FakeJira(email="ops@acme.example", api_token=token) as jira:
+        workspace_id = a_workspace_with(
+            sessions,
+            "jira",
+            "search-jira",
+            create_events=["jira:issue_created"],
+            site_url=jira.base_url,
+        )
+        jira.add_project("OPS")
+        for number in range(1, ISSUES + 1):
+            jira.create_issue(project="PROJ" if number % 2 else "OPS", summary=f"Missed, #{number}")
+        with session_scope(sessions) as session:
+            set_jira_access(
+                session=session,
+                slug="search-jira",
+                token=token,
+                email="ops@acme.example",
+                jql="project = PROJ OR project = OPS",
+            )
+        worker = start_worker("search")
+        run = ("catch-up", "jira", "--source", "search-jira")
+        first = taskhook(postgres_url, redis_url, *run, secret=token)
+        assert len(first["recovered"]) == ISSUES
+        wait_until(
+            finished(sessions, *first["recovered"]), timeout=60, what="the search", logs=[worker]
+        )
+        again = taskhook(postgres_url, redis_url, *run, secret=token)
+        assert again["missed"] == [] and again["recovered"] == []
+
+    assert len(tasks_in(sessions, workspace_id)) == ISSUES
