@@ -1,4 +1,4 @@
-"""``python -m bench all|ingress|e2e|storm|scale|memory|sqlite [--smoke|--full]``."""
+"""``python -m bench all|ingress|e2e|storm|scale|memory|sqlite|catch-up [--smoke|--full]``."""
 
 from __future__ import annotations
 

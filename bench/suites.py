@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from bench import report, taskhook
 from bench.baselines import DURABLE_TABLE
+from bench.catch_up import catch_up
 from bench.noop import NOOP
 from bench.processes import (
     BenchError,
@@ -59,6 +60,8 @@ class Sizes:
     scale_ingress_seconds: float
     memory_deliveries: int
     sqlite_deliveries: int
+    catchup_deliveries: int
+    catchup_rounds: int
 
 
 SMOKE = Sizes(
@@ -79,6 +82,8 @@ SMOKE = Sizes(
     scale_ingress_seconds=1.5,
     memory_deliveries=600,
     sqlite_deliveries=60,
+    catchup_deliveries=200,
+    catchup_rounds=1,
 )
 DEFAULT = Sizes(
     ingress_seconds=8,
@@ -98,6 +103,8 @@ DEFAULT = Sizes(
     scale_ingress_seconds=6,
     memory_deliveries=40_000,
     sqlite_deliveries=2_000,
+    catchup_deliveries=10_000,
+    catchup_rounds=3,
 )
 FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
@@ -1231,4 +1238,5 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "scale": scale,
     "memory": memory,
     "sqlite": sqlite,
+    "catch-up": catch_up,
 }

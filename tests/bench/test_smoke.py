@@ -95,3 +95,13 @@ def test_embedded_default(tmp_path: Path) -> None:
     result = run("sqlite", tmp_path)
     assert result["end_to_end_rate_per_s"] > 0
     assert result["tasks"] == result["tasks_settled"] == result["deliveries"]
+
+
+def test_catch_up(tmp_path: Path) -> None:
+    result = run("catch-up", tmp_path)
+    for name, runs in result["runs"].items():
+        for one in runs:
+            assert one["recovered"] == result["deliveries"], name
+            assert one["rate_per_s"] > 0 and one["peak_rss_mib"] > 0, name
+    # A second run finds everything stored: nothing recovered twice.
+    assert [again["recovered"] for again in result["reruns"]] == [0]
