@@ -9,9 +9,13 @@ import pytest
 from celery import Celery
 
 # Importing the task modules registers their shared tasks with every app.
+import worker.catchup.tasks
 import worker.operator
 import worker.processing
 import worker.tasks
+from bench.fakes.github_api import FakeGitHub
+from bench.fakes.jira_api import FakeJira
+from models.catchup import set_jira_access, set_log_access
 from models.db import session_scope
 from models.messages import (
     CATCH_UP,
@@ -23,6 +27,7 @@ from models.messages import (
     SWEEP,
 )
 from models.settings import Settings
+from models.sources import add_source
 from models.tasks import delete_task
 from tests.conftest import TRUSTED, Store
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
@@ -181,6 +186,64 @@ def test_the_sweep_task_sends_what_it_finds(eager: Celery, store: Store):
         message.ack()
     assert message.headers["task"] == PROCESS_DELIVERY
     assert message.payload[0] == [pk]
+
+
+def test_the_catch_up_task_catches_up_each_source_and_a_failing_one_holds_up_no_other(
+    eager: Celery, store: Store
+):
+    workspace = store.workspace()
+    with FakeGitHub(token="ghp_beat") as github, FakeJira(api_token="jira-beat") as jira:
+        for number in (1, 2):
+            github.log_delivery(
+                hook="repos/acme/widgets/hooks/9",
+                event="issues",
+                action="opened",
+                payload={
+                    "action": "opened",
+                    "issue": {
+                        "number": number,
+                        "title": f"Missed {number}",
+                        "html_url": f"https://github.com/acme/widgets/issues/{number}",
+                    },
+                    "repository": {"full_name": "acme/widgets"},
+                },
+                status_code=0,
+            )
+        jira.create_issue(summary="Missed on Jira")
+        with session_scope(store.sessions) as session:
+            for provider, slug, site in (
+                ("jira", "a-jira", jira.base_url),  # first: its failure must not stop the other
+                ("github", "b-github", None),
+            ):
+                add_source(
+                    session=session,
+                    provider=provider,
+                    workspace_id=workspace.id,
+                    slug=slug,
+                    secret="s",
+                    create_events=["jira:issue_created" if site else "issues.opened"],
+                    site_url=site,
+                )
+            set_jira_access(
+                session=session, slug="a-jira", token="jira-wrong-token", email="ops@example.com"
+            )
+            set_log_access(
+                session=session,
+                slug="b-github",
+                target="repos/acme/widgets",
+                hook_id="9",
+                token="ghp_beat",
+                api_base_url=github.base_url,
+            )
+
+        done = eager.tasks[CATCH_UP].apply().get()
+
+    assert done["b-github"] == {"missed": 2, "recovered": 2}
+    assert (
+        "Jira rejected" in done["a-jira"]["error"]
+        and "jira-wrong-token" not in done["a-jira"]["error"]
+    )
+    assert len(tasks_of(store.sessions, workspace.id)) == 0  # sent, for a worker to make
 
 
 def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, store: Store):
