@@ -313,14 +313,7 @@ def log_settings(*, session: Session, slug: str) -> LogSettings:
     """Where source ``slug``'s log is read. The hook id, when not configured,
     is the newest ``X-GitHub-Hook-ID`` the inbox kept for the source. Raises
     :class:`SourceNotFound` or :class:`InvalidSource` saying what to set."""
-    row = session.execute(
-        select(WebhookSource, CatchUpSource)
-        .outerjoin(CatchUpSource, CatchUpSource.source_id == WebhookSource.id)
-        .where(WebhookSource.slug == slug)
-    ).first()
-    if row is None:
-        raise SourceNotFound(f"source {slug!r} not found")
-    source, access = row
+    source, access = _source_and_access(session, slug)
     if source.provider != "github":
         raise InvalidSource(f"source {slug!r} is a {source.provider} source, not GitHub's")
     if access is None:
@@ -358,9 +351,7 @@ def log_settings(*, session: Session, slug: str) -> LogSettings:
     )
 
 
-def jira_settings(*, session: Session, slug: str) -> JiraSettings:
-    """Where Jira source ``slug`` is searched. Raises :class:`SourceNotFound`
-    or :class:`InvalidSource` saying what to set."""
+def _source_and_access(session: Session, slug: str) -> tuple[WebhookSource, CatchUpSource | None]:
     row = session.execute(
         select(WebhookSource, CatchUpSource)
         .outerjoin(CatchUpSource, CatchUpSource.source_id == WebhookSource.id)
@@ -368,7 +359,13 @@ def jira_settings(*, session: Session, slug: str) -> JiraSettings:
     ).first()
     if row is None:
         raise SourceNotFound(f"source {slug!r} not found")
-    source, access = row
+    return row[0], row[1]
+
+
+def jira_settings(*, session: Session, slug: str) -> JiraSettings:
+    """Where Jira source ``slug`` is searched. Raises :class:`SourceNotFound`
+    or :class:`InvalidSource` saying what to set."""
+    source, access = _source_and_access(session, slug)
     if source.provider != "jira":
         raise InvalidSource(f"source {slug!r} is a {source.provider} source, not Jira's")
     if access is None or access.target != JIRA_TARGET:

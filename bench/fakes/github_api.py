@@ -41,28 +41,25 @@ the one rate limit.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import itertools
 import json
 import math
 import re
 import secrets
-import socket
 import string
-import sys
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from typing import Any
+from urllib.parse import urlencode
+
+from bench.fakes.server import Answer, FakeServer, ReceivedRequest
 
 DEFAULT_PER_PAGE = 30
 MAX_PER_PAGE = 100
@@ -142,15 +139,6 @@ ISSUE_SORTS: dict[str, Callable[[Issue], tuple[Any, ...]]] = {
     "comments": lambda issue: (0, issue.created_at, issue.number),
 }
 DESCENDING = {"desc": True, "asc": False}
-
-
-class ReceivedRequest(NamedTuple):
-    """A request the fake received. Header names are lower-cased."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -361,13 +349,6 @@ class _IssueQuery:
 
 
 @dataclass(frozen=True)
-class _Answer:
-    status: int
-    body: Any
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class _Fault:
     """An answer injected in place of the next request's: a server error or a rate limit."""
 
@@ -402,7 +383,7 @@ class _RateLimit:
         }
 
 
-class FakeGitHub:
+class FakeGitHub(FakeServer):
     """GitHub's webhook-delivery and issues API on 127.0.0.1, on a free port, in a thread.
 
     ``token`` is the token the repository and organization endpoints accept
@@ -415,6 +396,8 @@ class FakeGitHub:
     without it the request is only recorded in ``redeliveries``.
     """
 
+    server_version = "GitHub.com"
+
     def __init__(
         self,
         token: str = "ghp_test",
@@ -422,6 +405,7 @@ class FakeGitHub:
         redelivery_succeeds: bool = True,
         hook_url: str = "https://taskhook.example.com/webhooks/github",
     ) -> None:
+        super().__init__()
         self.token = token
         self.redelivery_succeeds = redelivery_succeeds
         self.hook_url = hook_url
@@ -432,6 +416,8 @@ class FakeGitHub:
         self.app_jwts: list[str] = []
         self.minted_tokens: list[MintedToken] = []
         self._attempts: list[Attempt] = []
+        #: The same attempts by id: a benchmark's log holds tens of thousands.
+        self._attempts_by_id: dict[int, Attempt] = {}
         self._hooks: set[str] = set()
         self._faults: deque[_Fault] = deque()
         self._ids = itertools.count(FIRST_ATTEMPT_ID)
@@ -445,59 +431,6 @@ class FakeGitHub:
         self._next_account_ids = itertools.count(FIRST_ACCOUNT_ID)
         # Handler threads and the test's thread share the log and the counters.
         self._lock = threading.Lock()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._port: int | None = None
-
-    # -- running -----------------------------------------------------------
-
-    def start(self) -> FakeGitHub:
-        if self._server is not None:
-            raise RuntimeError("FakeGitHub is already running")
-        self._server = _Server(self)
-        self._port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},  # how long stop() waits for the loop at most
-            name=f"fake-github:{self._port}",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving; returns once every connection and thread of the fake has ended."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.close_connections()
-        server.server_close()  # joins the handler threads
-        if self._thread is not None:
-            self._thread.join()
-
-    def serve(self) -> Iterator[FakeGitHub]:
-        """For a pytest fixture: ``yield from FakeGitHub(...).serve()``."""
-        with self:
-            yield self
-
-    def __enter__(self) -> FakeGitHub:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """What a source's API base URL is set to, e.g. ``http://127.0.0.1:54321``."""
-        if self._port is None:
-            raise RuntimeError("FakeGitHub has not been started")
-        return f"http://127.0.0.1:{self._port}"
 
     # -- the log -----------------------------------------------------------
 
@@ -557,8 +490,12 @@ class FakeGitHub:
                 throttled_at=_utc(throttled_at) if throttled_at else None,
             )
             self._hooks.add(hook)
-            self._attempts.append(attempt)
+            self._keep(attempt)
         return attempt.id
+
+    def _keep(self, attempt: Attempt) -> None:
+        self._attempts.append(attempt)
+        self._attempts_by_id[attempt.id] = attempt
 
     def attempts(self, hook: str | None = None) -> list[Attempt]:
         """The logged attempts (of ``hook``, or of every hook), newest first."""
@@ -748,7 +685,7 @@ class FakeGitHub:
 
     # -- answering (called from the server's threads) ----------------------
 
-    def _answer(self, request: ReceivedRequest) -> _Answer:
+    def _answer(self, request: ReceivedRequest) -> Answer:
         with self._lock:
             self.requests.append(request)
             answer = self._handle(request)
@@ -760,7 +697,7 @@ class FakeGitHub:
             }
         return replace(answer, headers={**common, **answer.headers})
 
-    def _handle(self, request: ReceivedRequest) -> _Answer:
+    def _handle(self, request: ReceivedRequest) -> Answer:
         if self._faults:
             return _fault_answer(self._faults.popleft())
         if route := ROUTE.fullmatch(request.path):
@@ -773,7 +710,7 @@ class FakeGitHub:
             return self._access_tokens_route(request, route["installation"])
         return _error(404, "Not Found", DOCS)
 
-    def _deliveries(self, request: ReceivedRequest, route: re.Match[str]) -> _Answer:
+    def _deliveries(self, request: ReceivedRequest, route: re.Match[str]) -> Answer:
         hook = route["hook"]
         refusal = self._refusal(hook, request.headers.get("authorization", ""))
         if refusal is not None:
@@ -783,7 +720,7 @@ class FakeGitHub:
 
     def _serve_hook(
         self, request: ReceivedRequest, hook: str, delivery: str | None, attempts: bool
-    ) -> _Answer:
+    ) -> Answer:
         """The list, one delivery, or a redelivery: GitHub's 404 for what is not there."""
         if delivery is None:
             if request.method != "GET" or hook not in self._hooks:
@@ -795,9 +732,9 @@ class FakeGitHub:
             return _error(404, "Not Found", _docs(hook, operation))
         if operation == "redeliver":
             return self._redeliver(attempt)
-        return _Answer(200, attempt.full())
+        return Answer(200, attempt.full())
 
-    def _refusal(self, hook: str, authorization: str) -> _Answer | None:
+    def _refusal(self, hook: str, authorization: str) -> Answer | None:
         """401 unless the credentials fit the endpoint: the token, or (for an App) a JWT."""
         if hook == "app/hook":
             return self._jwt_refusal(authorization)
@@ -807,7 +744,7 @@ class FakeGitHub:
             return _error(403, NOT_FOR_AN_APP, DOCS)
         return refusal
 
-    def _jwt_refusal(self, authorization: str) -> _Answer | None:
+    def _jwt_refusal(self, authorization: str) -> Answer | None:
         """401 unless a JWT-shaped bearer token (recorded in ``app_jwts``): the App itself."""
         if not authorization:
             return _error(401, "Requires authentication", DOCS)
@@ -817,7 +754,7 @@ class FakeGitHub:
             return None
         return _error(401, "A JSON web token could not be decoded", DOCS)
 
-    def _token_refusal(self, authorization: str) -> _Answer | None:
+    def _token_refusal(self, authorization: str) -> Answer | None:
         """401 unless the fake's token or a valid installation token it minted."""
         if not authorization:
             return _error(401, "Requires authentication", DOCS)
@@ -840,7 +777,7 @@ class FakeGitHub:
 
     # -- the issue list and the App's routes --------------------------------
 
-    def _issues_route(self, request: ReceivedRequest, repo: str) -> _Answer:
+    def _issues_route(self, request: ReceivedRequest, repo: str) -> Answer:
         authorization = request.headers.get("authorization", "")
         refusal = self._token_refusal(authorization)
         if refusal is not None:
@@ -879,7 +816,7 @@ class FakeGitHub:
             page_size=self._page_size(str(number("per_page", DEFAULT_PER_PAGE))),
         )
 
-    def _list_issues(self, request: ReceivedRequest, repo: str, query: _IssueQuery) -> _Answer:
+    def _list_issues(self, request: ReceivedRequest, repo: str, query: _IssueQuery) -> Answer:
         wanted = ISSUE_STATES[query.state]
         matching = [
             issue
@@ -891,7 +828,7 @@ class FakeGitHub:
         page = matching[start : start + query.page_size]
         last_page = max(1, math.ceil(len(matching) / query.page_size))
         link = self._page_links(request, query.page, last_page)
-        return _Answer(200, [issue.item() for issue in page], {"Link": link} if link else {})
+        return Answer(200, [issue.item() for issue in page], {"Link": link} if link else {})
 
     def _page_links(self, request: ReceivedRequest, page: int, last_page: int) -> str:
         """GitHub's Link for numbered pages: prev, next, last, first, those that apply."""
@@ -912,7 +849,7 @@ class FakeGitHub:
         params = {**request.query, "page": str(page)}
         return f"{self.base_url}{request.path}?{urlencode(params)}"
 
-    def _installation_route(self, request: ReceivedRequest, repo: str) -> _Answer:
+    def _installation_route(self, request: ReceivedRequest, repo: str) -> Answer:
         refusal = self._jwt_refusal(request.headers.get("authorization", ""))
         if refusal is not None:
             return refusal
@@ -920,9 +857,9 @@ class FakeGitHub:
         installation = next((i for i in self._installations.values() if i.covers(repo)), None)
         if request.method != "GET" or repo not in self._repos or installation is None:
             return _error(404, "Not Found", GET_INSTALLATION_DOCS)
-        return _Answer(200, installation.body())
+        return Answer(200, installation.body())
 
-    def _access_tokens_route(self, request: ReceivedRequest, installation_id: str) -> _Answer:
+    def _access_tokens_route(self, request: ReceivedRequest, installation_id: str) -> Answer:
         refusal = self._jwt_refusal(request.headers.get("authorization", ""))
         if refusal is not None:
             return refusal
@@ -938,7 +875,7 @@ class FakeGitHub:
             expires_at=_moment(None) + INSTALLATION_TOKEN_LIFETIME,
         )
         self.minted_tokens.append(minted)
-        return _Answer(
+        return Answer(
             201,
             {
                 "token": minted.token,
@@ -948,7 +885,7 @@ class FakeGitHub:
             },
         )
 
-    def _list(self, request: ReceivedRequest, hook: str) -> _Answer:
+    def _list(self, request: ReceivedRequest, hook: str) -> Answer:
         query = request.query
         try:
             page_size = self._page_size(query.get("per_page"))
@@ -963,7 +900,7 @@ class FakeGitHub:
         headers = {}
         if len(log) > page_size:
             headers["Link"] = self._next_link(request, page_size, page[-1])
-        return _Answer(200, [attempt.simple() for attempt in page], headers)
+        return Answer(200, [attempt.simple() for attempt in page], headers)
 
     def _page_size(self, per_page: str | None) -> int:
         wanted = DEFAULT_PER_PAGE if per_page is None else int(per_page)
@@ -975,11 +912,10 @@ class FakeGitHub:
             return None
         if not cursor.startswith(CURSOR_PREFIX):
             raise ValueError(cursor)
-        attempt_id = int(cursor.removeprefix(CURSOR_PREFIX))
-        for attempt in self._attempts:
-            if attempt.id == attempt_id:
-                return attempt.position
-        raise ValueError(cursor)
+        attempt = self._attempts_by_id.get(int(cursor.removeprefix(CURSOR_PREFIX)))
+        if attempt is None:
+            raise ValueError(cursor)
+        return attempt.position
 
     def _next_link(self, request: ReceivedRequest, page_size: int, last: Attempt) -> str:
         # GitHub echoes the query it was given, with the cursor of the next page.
@@ -994,13 +930,14 @@ class FakeGitHub:
     def _find(self, hook: str, delivery: str) -> Attempt | None:
         if not delivery.isdigit():
             return None
-        return next((a for a in self._attempts if a.id == int(delivery) and a.hook == hook), None)
+        attempt = self._attempts_by_id.get(int(delivery))
+        return attempt if attempt is not None and attempt.hook == hook else None
 
-    def _redeliver(self, attempt: Attempt) -> _Answer:
+    def _redeliver(self, attempt: Attempt) -> Answer:
         self.redeliveries.append(attempt.id)
         if self.redelivery_succeeds:
             # GitHub sends the same delivery again: same guid, same headers, a new attempt.
-            self._attempts.append(
+            self._keep(
                 replace(
                     attempt,
                     id=next(self._ids),
@@ -1012,83 +949,11 @@ class FakeGitHub:
                     throttled_at=None,
                 )
             )
-        return _Answer(202, {})
+        return Answer(202, {})
 
     def _log(self, hook: str | None) -> list[Attempt]:
         mine = (a for a in self._attempts if hook is None or a.hook == hook)
         return sorted(mine, key=lambda attempt: attempt.position, reverse=True)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as GitHub and its clients speak
-    # The headers and the body go out in two writes: without TCP_NODELAY the
-    # second waits for the client's delayed ACK, 40 ms per answer on Linux.
-    disable_nagle_algorithm = True
-    server_version = "GitHub.com"
-    sys_version = ""
-    server: _Server
-
-    def do_GET(self) -> None:
-        self._serve()
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
-
-    def _serve(self) -> None:
-        url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)  # unread, it would be taken for the next request
-        request = ReceivedRequest(
-            method=self.command,
-            path=url.path,
-            query=dict(parse_qsl(url.query, keep_blank_values=True)),
-            headers={name.lower(): value for name, value in self.headers.items()},
-        )
-        answer = self.server.fake._answer(request)
-        body = json.dumps(answer.body).encode()
-        self.send_response(answer.status)
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet: tests read ``FakeGitHub.requests``, not stderr."""
-
-
-class _Server(ThreadingHTTPServer):
-    # server_close() joins every handler thread, so a stop leaves none behind.
-    daemon_threads = False
-
-    def __init__(self, fake: FakeGitHub) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.fake = fake
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        """Cut open connections: an idle keep-alive one's handler would wait for its client."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], OSError):
-            return  # a connection the client or stop() cut is not the fake's error
-        super().handle_error(request, client_address)
 
 
 # -- shapes --------------------------------------------------------------------
@@ -1107,15 +972,15 @@ def _docs(hook: str, operation: str) -> str:
     return f"{DOCS}/{OPERATION_DOCS[hook.split('/', 1)[0], operation]}"
 
 
-def _error(status: int, message: str, documentation_url: str) -> _Answer:
-    return _Answer(
+def _error(status: int, message: str, documentation_url: str) -> Answer:
+    return Answer(
         status, {"message": message, "documentation_url": documentation_url, "status": str(status)}
     )
 
 
-def _fault_answer(fault: _Fault) -> _Answer:
+def _fault_answer(fault: _Fault) -> Answer:
     if not fault.is_rate_limit:
-        return _Answer(fault.status, {"message": HTTPStatus(fault.status).phrase})
+        return Answer(fault.status, {"message": HTTPStatus(fault.status).phrase})
     if fault.reset_in is None:  # a secondary rate limit: wait, then try again
         answer = _error(fault.status, SECONDARY_RATE_LIMIT, RATE_LIMIT_DOCS)
         return replace(answer, headers={"Retry-After": str(fault.retry_after)})
@@ -1201,9 +1066,9 @@ def _since(text: str) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
-def _validation_failed(resource: str, field: str, documentation_url: str) -> _Answer:
+def _validation_failed(resource: str, field: str, documentation_url: str) -> Answer:
     """GitHub's 422: "Validation Failed", naming what was invalid."""
-    return _Answer(
+    return Answer(
         422,
         {
             "message": "Validation Failed",

@@ -66,25 +66,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import hashlib
 import itertools
-import json
 import re
 import secrets
-import socket
-import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 from zoneinfo import ZoneInfo
+
+from bench.fakes.server import Answer, FakeServer, ReceivedRequest
 
 DEFAULT_MAX_RESULTS = 50
 CLOUD_MAX_RESULTS = 100
@@ -127,16 +123,6 @@ PERIOD_PART = re.compile(r"(\d+)([wdhm])")
 PERIOD_UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes"}
 
 
-class ReceivedRequest(NamedTuple):
-    """A request the fake received. Header names are lower-cased; a repeated query
-    parameter's values are joined with commas, as Jira reads a repeated ``fields``."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-
-
 @dataclass(frozen=True)
 class Issue:
     """One issue as the fake stores it."""
@@ -152,13 +138,6 @@ class Issue:
     @property
     def number(self) -> int:
         return int(self.key.rsplit("-", 1)[1])
-
-
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    body: Any
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -188,7 +167,7 @@ class _BadRequest(ValueError):
     """A 400 for a parameter other than the JQL."""
 
 
-class FakeJira:
+class FakeJira(FakeServer):
     """Jira's issue search on 127.0.0.1, on a free port, in a background thread.
 
     ``email`` and ``api_token`` are the Cloud endpoints' Basic credentials; ``pat``
@@ -198,6 +177,8 @@ class FakeJira:
     ``context_path`` (e.g. ``/jira``) puts the site below the root, as a Data
     Center site often is.
     """
+
+    server_version = "FakeJira"
 
     def __init__(
         self,
@@ -209,6 +190,7 @@ class FakeJira:
         clock: Callable[[], datetime] | None = None,
         context_path: str = "",
     ) -> None:
+        super().__init__()
         self.email = email
         self.api_token = api_token
         self.pat = pat
@@ -227,59 +209,17 @@ class FakeJira:
         self._issue_ids = itertools.count(FIRST_ISSUE_ID)
         # Handler threads and the test's thread share the issues and the cursors.
         self._lock = threading.Lock()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._port: int | None = None
 
-    # -- running -----------------------------------------------------------
+    def _query(self, raw: str) -> dict[str, str]:
+        """A repeated parameter's values joined with commas, as Jira reads a
+        repeated ``fields``."""
+        query: dict[str, str] = {}
+        for name, value in parse_qsl(raw, keep_blank_values=True):
+            query[name] = f"{query[name]},{value}" if name in query else value
+        return query
 
-    def start(self) -> FakeJira:
-        if self._server is not None:
-            raise RuntimeError("FakeJira is already running")
-        self._server = _Server(self)
-        self._port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},  # how long stop() waits for the loop at most
-            name=f"fake-jira:{self._port}",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving; returns once every connection and thread of the fake has ended."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.close_connections()
-        server.server_close()  # joins the handler threads
-        if self._thread is not None:
-            self._thread.join()
-
-    def serve(self) -> Iterator[FakeJira]:
-        """For a pytest fixture: ``yield from FakeJira(...).serve()``."""
-        with self:
-            yield self
-
-    def __enter__(self) -> FakeJira:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """The site URL, e.g. ``http://127.0.0.1:54321`` (with the context path, if any)."""
-        if self._port is None:
-            raise RuntimeError("FakeJira has not been started")
-        return f"http://127.0.0.1:{self._port}{self.context_path}"
+    def _path_prefix(self) -> str:
+        return self.context_path  # the site URL, with its context path
 
     # -- the issues --------------------------------------------------------
 
@@ -353,13 +293,13 @@ class FakeJira:
 
     # -- answering (called from the server's threads) ----------------------
 
-    def _answer(self, request: ReceivedRequest) -> _Answer:
+    def _answer(self, request: ReceivedRequest) -> Answer:
         with self._lock:
             self.requests.append(request)
             answer = self._handle(request)
         return replace(answer, headers={"Content-Type": CONTENT_TYPE, **answer.headers})
 
-    def _handle(self, request: ReceivedRequest) -> _Answer:
+    def _handle(self, request: ReceivedRequest) -> Answer:
         if self._faults:
             return self._fault_answer(self._faults.popleft())
         route = _within(request.path, self.context_path)
@@ -394,7 +334,7 @@ class FakeJira:
         scheme, _, credential = authorization.partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(credential.strip(), self.pat)
 
-    def _cloud_search(self, query: dict[str, str], version: int) -> _Answer:
+    def _cloud_search(self, query: dict[str, str], version: int) -> Answer:
         page_size = max(1, _page_size(query, min(CLOUD_MAX_RESULTS, self.page_size_cap)))
         fields = _selected_fields(query.get("fields"), default="id")
         jql = query.get("jql", "")
@@ -408,7 +348,7 @@ class FakeJira:
         }
         if not body["isLast"]:  # documented: no nextPageToken at all on the last page
             body["nextPageToken"] = self._next_token(cursor, cursor.offset + len(ids))
-        return _Answer(200, body)
+        return Answer(200, body)
 
     def _first_cursor(self, jql: str) -> _Cursor:
         where, order = self._parse(jql)
@@ -431,7 +371,7 @@ class FakeJira:
         self._cursors[token] = replace(cursor, offset=offset)
         return token
 
-    def _data_center_search(self, query: dict[str, str]) -> _Answer:
+    def _data_center_search(self, query: dict[str, str]) -> Answer:
         start_at = max(0, _int_param(query, "startAt", 0))
         page_size = _page_size(query, DATA_CENTER_MAX_RESULTS)
         fields = _selected_fields(query.get("fields"), default="*navigable")
@@ -445,7 +385,7 @@ class FakeJira:
             "startAt": start_at,
             "total": len(found),
         }
-        return _Answer(200, body)
+        return Answer(200, body)
 
     def _parse(self, jql: str) -> tuple[_Predicate | None, list[tuple[str, bool]]]:
         context = _JqlContext(
@@ -460,7 +400,7 @@ class FakeJira:
         found = [issue for issue in self._issues if where is None or where(issue)]
         return _ordered(found, order or [("created", True)])
 
-    def _fault_answer(self, fault: _Fault) -> _Answer:
+    def _fault_answer(self, fault: _Fault) -> Answer:
         headers = {} if fault.retry_after is None else {"Retry-After": str(fault.retry_after)}
         if fault.reason is None:
             return replace(_error(fault.status, HTTPStatus(fault.status).phrase), headers=headers)
@@ -834,9 +774,9 @@ def _selected_fields(raw: str | None, *, default: str) -> tuple[str, ...] | None
     return tuple(name for name in NAVIGABLE if name in wanted)
 
 
-def _error(status: int, message: str) -> _Answer:
+def _error(status: int, message: str) -> Answer:
     """Jira's error collection, as in Atlassian's examples."""
-    return _Answer(status, {"errorMessages": [message], "errors": {}})
+    return Answer(status, {"errorMessages": [message], "errors": {}})
 
 
 def _adf(text: str) -> dict[str, Any]:
@@ -878,85 +818,3 @@ def _utc(moment: datetime) -> datetime:
 
 def _to_the_millisecond(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
-
-
-def _query(raw: str) -> dict[str, str]:
-    query: dict[str, str] = {}
-    for name, value in parse_qsl(raw, keep_blank_values=True):
-        query[name] = f"{query[name]},{value}" if name in query else value
-    return query
-
-
-# -- the server ------------------------------------------------------------------
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, as Jira and its clients speak
-    # Headers and body go out in two writes: without TCP_NODELAY the second
-    # waits for the client's delayed ACK, 40 ms per answer on Linux.
-    disable_nagle_algorithm = True
-    server_version = "FakeJira"
-    sys_version = ""
-    server: _Server
-
-    def do_GET(self) -> None:
-        self._serve()
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
-
-    def _serve(self) -> None:
-        url = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)  # unread, it would be taken for the next request
-        request = ReceivedRequest(
-            method=self.command,
-            path=url.path,
-            query=_query(url.query),
-            headers={name.lower(): value for name, value in self.headers.items()},
-        )
-        answer = self.server.fake._answer(request)
-        body = json.dumps(answer.body).encode()
-        self.send_response(answer.status)
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet: tests read ``FakeJira.requests``, not stderr."""
-
-
-class _Server(ThreadingHTTPServer):
-    # server_close() joins every handler thread, so a stop leaves none behind.
-    daemon_threads = False
-
-    def __init__(self, fake: FakeJira) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.fake = fake
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        """Cut open connections: an idle keep-alive one's handler would wait for its client."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], OSError):
-            return  # a connection the client or stop() cut is not the fake's error
-        super().handle_error(request, client_address)
