@@ -26,26 +26,18 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from kombu.utils.uuid import uuid
 
-from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
+from models.messages import (
+    DELIVERIES_QUEUE,
+    PROCESS_DELIVERIES,
+    PROCESS_DELIVERY,
+    message_groups,
+    task_for,
+)
 from models.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Publish = Callable[[Sequence[int]], None]
-
-
-def message_groups(keys: Sequence[int], per_message: int) -> list[list[int]]:
-    """``keys`` in order, cut into groups of at most ``per_message``: one message each."""
-    return [list(keys[start : start + per_message]) for start in range(0, len(keys), per_message)]
-
-
-def task_for(keys: Sequence[int]) -> tuple[str, list]:
-    """The task and arguments of the message for ``keys``: a lone key goes as
-    PROCESS_DELIVERY, as the sweeper and the CLI send it; several as
-    PROCESS_DELIVERIES."""
-    if len(keys) == 1:
-        return PROCESS_DELIVERY, [int(keys[0])]
-    return PROCESS_DELIVERIES, [[int(key) for key in keys]]
 
 
 def celery_publisher(settings: Settings) -> Publish:

@@ -4,6 +4,8 @@ They meet only through the broker, so the names live here, below all three.
 Messages carry keys, never payloads or ORM objects.
 """
 
+from collections.abc import Sequence
+
 DELIVERIES_QUEUE = "deliveries"
 OPERATOR_QUEUE = "operator"
 
@@ -15,8 +17,22 @@ PROCESS_DELIVERIES = "taskhook.process_deliveries"
 #: sweep() from beat, on the deliveries queue.
 SWEEP = "taskhook.sweep"
 #: catch_up() from beat, on the operator queue: every source with access to
-#: its provider's delivery log is caught up (worker.catchup). Not on the
+#: its provider's API is caught up (worker.catchup). Not on the
 #: deliveries queue: it waits on GitHub's API, and on its rate limits.
 CATCH_UP = "taskhook.catch_up"
 #: release_identity(workspace_id, external_id, operator, reason) on the operator queue.
 RELEASE_IDENTITY = "taskhook.release_identity"
+
+
+def message_groups(keys: Sequence[int], per_message: int) -> list[list[int]]:
+    """``keys`` in order, cut into groups of at most ``per_message``: one message each."""
+    return [list(keys[start : start + per_message]) for start in range(0, len(keys), per_message)]
+
+
+def task_for(keys: Sequence[int]) -> tuple[str, list]:
+    """The task and arguments of the message for ``keys``: a lone key goes as
+    PROCESS_DELIVERY, as the sweeper sends it; several as PROCESS_DELIVERIES
+    (the relay's bursts, a catch-up's batches)."""
+    if len(keys) == 1:
+        return PROCESS_DELIVERY, [int(keys[0])]
+    return PROCESS_DELIVERIES, [[int(key) for key in keys]]

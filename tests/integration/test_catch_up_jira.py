@@ -57,7 +57,7 @@ def a_jira_source(store: Store, jira: FakeJira, *, cloud: bool = True, jql: str 
 
 def search(store: Store, sent: list[int] | None = None, **options):
     sent = [] if sent is None else sent
-    return catch_up_jira(sessions=store.sessions, slug="acme-jira", send=sent.append, **options)
+    return catch_up_jira(sessions=store.sessions, slug="acme-jira", send=sent.extend, **options)
 
 
 def drain(store: Store, pks: list[int]) -> None:

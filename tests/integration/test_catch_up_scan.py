@@ -65,7 +65,7 @@ def with_token(store: Store, github: FakeGitHub, target: str = f"repos/{REPO}") 
 def scan(store: Store, sent: list[int] | None = None, **options):
     sent = [] if sent is None else sent
     options.setdefault("since", utcnow() - timedelta(days=30))
-    return scan_github(sessions=store.sessions, slug="acme-github", send=sent.append, **options)
+    return scan_github(sessions=store.sessions, slug="acme-github", send=sent.extend, **options)
 
 
 def drain(store: Store, pks: list[int]) -> None:
@@ -160,18 +160,15 @@ def test_a_scan_cut_off_halfway_then_run_again_stores_nothing_twice_and_misses_n
     github.fail_next(4, status=502)  # GitHub is down on every try: nothing listed or stored
     with pytest.raises(ApiUnavailable):
         scan(store, since=utcnow() - timedelta(days=1))
-    sent: list[int] = []
 
-    def broker_dies_after_four(pk: int) -> None:
-        if len(sent) == 4:
-            raise ConnectionError("the broker went away")
-        sent.append(pk)
+    def broker_is_down(pks: list[int]) -> None:
+        raise ConnectionError("the broker went away")
 
     with pytest.raises(ConnectionError):
         scan_github(
             sessions=store.sessions,
             slug="acme-github",
-            send=broker_dies_after_four,
+            send=broker_is_down,
             since=utcnow() - timedelta(days=1),
         )
     with session_scope(store.sessions) as session:

@@ -33,7 +33,13 @@ from bench.fakes.github_api import FakeGitHub
 from bench.fakes.jira_api import FakeJira
 from models.db import session_scope
 from models.inbox import DeliveryStatus
-from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY, RELEASE_IDENTITY
+from models.messages import (
+    DELIVERIES_QUEUE,
+    OPERATOR_QUEUE,
+    PROCESS_DELIVERIES,
+    PROCESS_DELIVERY,
+    RELEASE_IDENTITY,
+)
 from models.sources import add_source, verifying_source
 from models.tables import CatchUpSource, Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
@@ -1452,12 +1458,11 @@ def test_catch_up_github_dry_run_then_run_then_nothing_new(
 
     done = as_json(taskhook(store, *run))
     assert len(done["recovered"]) == 3
-    assert [(name, queue) for name, _, queue in celery.sent] == [
-        (PROCESS_DELIVERY, DELIVERIES_QUEUE)
-    ] * 3
+    # The three, committed together, share one worker message.
+    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], DELIVERIES_QUEUE)]
 
     again = as_json(taskhook(store, *run, "--since", "1d"))
-    assert again["missed"] == [] and len(celery.sent) == 3
+    assert again["missed"] == [] and len(celery.sent) == 1
     people = taskhook(store, "catch-up", "github", "--source", "acme-github")
     assert "Missed creates" in people.stdout and CATCH_UP_TOKEN not in people.output
 
@@ -1596,12 +1601,12 @@ def test_catch_up_github_scan_stores_each_item_once_however_often_it_runs(
     done = as_json(taskhook(store, *scan, "--json"))
     assert done["kind"] == "scan" and len(done["recovered"]) == 4
     assert done["missed"][0] == "scan:gh-issue/acme/widgets#1"
-    assert len(celery.sent) == 4
+    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], DELIVERIES_QUEUE)]
 
     again = taskhook(store, *scan)
     assert again.exit_code == 0, again.output
     assert "GitHub's issues and pull requests" in again.stdout
-    assert "Missed creates" in again.stdout and len(celery.sent) == 4
+    assert "Missed creates" in again.stdout and len(celery.sent) == 1
     stats = taskhook(store, "stats").stdout
     assert "Last catch-up of acme-github (scan)" in stats
     assert CATCH_UP_TOKEN not in again.output + stats
@@ -1668,10 +1673,11 @@ def test_catch_up_jira_searches_the_site_and_stores_each_issue_once(
     dry = as_json(taskhook(store, *run, "--dry-run", "--json"))
     assert dry["missed"] == [f"scan:jira:PROJ-{n}" for n in (1, 2, 3)] and celery.sent == []
     done = as_json(taskhook(store, *run, "--json"))
-    assert done["kind"] == "search" and len(done["recovered"]) == len(celery.sent) == 3
+    assert done["kind"] == "search" and len(done["recovered"]) == 3
+    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], DELIVERIES_QUEUE)]
     again = taskhook(store, *run)
     assert again.exit_code == 0 and "Jira's issue search" in again.stdout
-    assert len(celery.sent) == 3
+    assert len(celery.sent) == 1
     stats = taskhook(store, "stats").stdout
     assert "Last catch-up of acme-jira (Jira search)" in stats
     for output in (given.output, dry, done, again.output, stats):

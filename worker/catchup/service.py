@@ -91,7 +91,8 @@ PREFETCHED = 200
 GITHUB = PROVIDERS["github"]
 JIRA = PROVIDERS["jira"]
 
-Send = Callable[[int], None]
+#: Hands the keys of stored deliveries, committed, to the worker.
+Send = Callable[[list[int]], None]
 LogFactory = Callable[[LogSettings], DeliveryLog]
 ListingFactory = Callable[[LogSettings, str], IssueListing]
 SearchFactory = Callable[[JiraSettings], JiraSearch]
@@ -169,7 +170,7 @@ def catch_up_github(
     """One catch-up of GitHub source ``slug`` from its hook's delivery log;
     see the module docstring.
 
-    ``send`` hands a stored delivery's key to the worker (after its commit);
+    ``send`` hands the keys of a stored batch to the worker (after its commit);
     ``redeliver`` asks GitHub to send each missed delivery again instead of
     fetching it. Raises the domain's errors for a source that cannot be
     caught up, and ``worker.catchup.api.CatchUpError`` when GitHub's API
@@ -488,10 +489,10 @@ def _store_batch(
     with session_scope(sessions) as session:
         recorded = [record_delivery(session=session, incoming=incoming) for incoming in batch]
     log.info("catch-up %s: stored %d deliveries", report.source, len(batch))
-    for one in recorded:
-        if one.is_new and one.status is DeliveryStatus.QUEUED:
-            report.recovered.append(one.pk)
-            send(one.pk)  # committed first: the message never names a row that might not exist
+    stored = [one.pk for one in recorded if one.is_new and one.status is DeliveryStatus.QUEUED]
+    report.recovered += stored
+    if stored:
+        send(stored)  # committed first: a message never names a row that might not exist
 
 
 def _incoming(

@@ -10,7 +10,7 @@ from celery import shared_task
 from models.catchup import sources_to_catch_up
 from models.db import session_scope
 from models.errors import TaskStoreError
-from models.messages import CATCH_UP, PROCESS_DELIVERY
+from models.messages import CATCH_UP, message_groups, task_for
 from worker import runtime
 from worker.catchup.api import CatchUpError
 from worker.catchup.service import catch_up_github, catch_up_jira
@@ -26,8 +26,12 @@ def catch_up(self) -> dict[str, Any]:
     is recorded on its run and logged; the others go on, and the next beat
     tries it again: never a crash loop."""
 
-    def send(pk: int) -> None:
-        self.app.send_task(PROCESS_DELIVERY, args=[pk])
+    per_message = runtime.settings().relay_keys_per_message
+
+    def send(pks: list[int]) -> None:
+        for keys in message_groups(pks, per_message):
+            name, args = task_for(keys)
+            self.app.send_task(name, args=args)
 
     with session_scope(runtime.sessions()) as session:
         sources = sources_to_catch_up(session=session)

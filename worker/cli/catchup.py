@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from models.catchup import checked_repo
-from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY
+from models.messages import DELIVERIES_QUEUE, message_groups, task_for
 from models.tables import utcnow
 from worker.cli.output import emit_json, json_option, print_fields
 from worker.cli.params import checked_by
@@ -143,15 +143,19 @@ def _run_and_report(
     from worker.catchup.api import CatchUpError
 
     unsent: list[int] = []
+    per_message = runtime.settings.relay_keys_per_message
 
-    def send(pk: int) -> None:
+    def send(pks: list[int]) -> None:
         # A row the broker does not take is still queued: the sweeper sends it.
-        try:
-            _load_celery_app().send_task(PROCESS_DELIVERY, args=[pk], queue=DELIVERIES_QUEUE)
-        except Exception as error:
-            unsent.append(pk)
-            if len(unsent) == 1:
-                click.echo(f"The broker did not take a message ({first_line(error)}).", err=True)
+        for keys in message_groups(pks, per_message):
+            name, args = task_for(keys)
+            try:
+                _load_celery_app().send_task(name, args=args, queue=DELIVERIES_QUEUE)
+            except Exception as error:
+                if not unsent:
+                    said = first_line(error)
+                    click.echo(f"The broker did not take a message ({said}).", err=True)
+                unsent.extend(keys)
 
     try:
         report = run(sessions=runtime.sessions, slug=slug, send=send, since=since, dry_run=dry_run)

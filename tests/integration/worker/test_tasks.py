@@ -243,7 +243,13 @@ def test_the_catch_up_task_catches_up_each_source_and_a_failing_one_holds_up_no_
         "Jira rejected" in done["a-jira"]["error"]
         and "jira-wrong-token" not in done["a-jira"]["error"]
     )
-    assert len(tasks_of(store.sessions, workspace.id)) == 0  # sent, for a worker to make
+    # Sent, for a worker to make the tasks: the two, stored together, in one message.
+    with eager.connection_for_read() as connection:
+        message = connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5)
+        message.ack()
+    assert message.headers["task"] == PROCESS_DELIVERIES
+    assert len(message.payload[0][0]) == 2
+    assert tasks_of(store.sessions, workspace.id) == []
 
 
 def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, store: Store):

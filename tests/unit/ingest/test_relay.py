@@ -10,8 +10,14 @@ from queue import Empty
 import pytest
 from celery import Celery
 
-from ingest.relay import DeliveryMessages, Relay, celery_publisher, message_groups, task_for
-from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
+from ingest.relay import DeliveryMessages, Relay, celery_publisher
+from models.messages import (
+    DELIVERIES_QUEUE,
+    PROCESS_DELIVERIES,
+    PROCESS_DELIVERY,
+    message_groups,
+    task_for,
+)
 from models.settings import Settings
 
 
