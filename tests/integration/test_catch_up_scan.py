@@ -205,6 +205,8 @@ def test_an_organization_hook_is_scanned_one_named_repository_at_a_time(
     github.open_issue(REPO, title="Issue 1")
     with pytest.raises(InvalidSource, match="--repo OWNER/REPO"):
         scan(store)
+    with session_scope(store.sessions) as session:
+        assert session.query(CatchUpRun).count() == 0  # refused before any run began
     report = scan(store, repo=REPO)
     assert len(report.recovered) == 1
     # One repository of the organization's: the source is not covered by it.

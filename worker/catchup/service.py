@@ -201,13 +201,20 @@ def scan_github(
     synthesized delivery. A scan of the source's own repository covers the
     source up to when it began; a scan of one repository of an organization's
     or App's hook does not (its other repositories were not read)."""
-    settings, source, report = _start(sessions, GITHUB, slug, "scan", since, dry_run, log_settings)
-    if repo is None and settings.repo is None:
-        raise InvalidSource(
-            f"source {slug!r} reads {settings.hook_path}, not one repository: "
-            "name the repository to scan (--repo OWNER/REPO)"
-        )
-    repo = checked_repo(repo or settings.repo)
+    if repo is not None:
+        checked_repo(repo)
+
+    def scannable(settings: LogSettings) -> None:
+        if repo is None and settings.repo is None:
+            raise InvalidSource(
+                f"source {slug!r} reads {settings.hook_path}, not one repository: "
+                "name the repository to scan (--repo OWNER/REPO)"
+            )
+
+    settings, source, report = _start(
+        sessions, GITHUB, slug, "scan", since, dry_run, log_settings, check=scannable
+    )
+    repo = repo or settings.repo
 
     def read(report: CatchUpReport) -> None:
         with open_listing(settings, repo) as listing:
@@ -254,12 +261,17 @@ def _start(
     since: datetime | None,
     dry_run: bool,
     settings_of: Callable[..., Any],
+    *,
+    check: Callable[[Any], None] | None = None,
 ) -> tuple[Any, VerifyingSource, CatchUpReport]:
     """The source's access, the source, and the run's row, committed: a run
-    that stops is recorded as stopped, not lost."""
+    that stops is recorded as stopped, not lost. ``check`` may refuse the
+    access first, before there is a run to record."""
     started = utcnow()
     with session_scope(sessions) as session:
         settings = settings_of(session=session, slug=slug)
+        if check is not None:
+            check(settings)
         source = verifying_source(session=session, provider=provider.name, slug=slug)
         if source is None:
             raise InvalidSource(f"source {slug!r} is disabled; enable it to catch it up")
