@@ -33,6 +33,8 @@ a release.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -335,16 +337,20 @@ def _read_log(
             delivery_log.redeliver(attempt.id)
             report.recovered.append(attempt.id)
         return
-    fetched = _read_ahead(lambda attempt: _fetched(delivery_log, attempt, report), missed)
-    _store_all(sessions, GITHUB, source, fetched, ORIGIN, report, send)
+    # Closed however the store ends: the reader thread stops with it.
+    fetch = functools.partial(_fetched, delivery_log, report=report)
+    with contextlib.closing(_read_ahead(fetch, missed)) as fetched:
+        _store_all(sessions, GITHUB, source, fetched, ORIGIN, report, send)
 
 
-def _read_ahead(fetch: Callable[[LoggedAttempt], _Found | None], attempts: list) -> Iterator:
+def _read_ahead(
+    fetch: Callable[[LoggedAttempt], _Found | None], attempts: list[LoggedAttempt]
+) -> Iterator[_Found]:
     """What ``fetch`` gives for each attempt, in order, fetched one at a time
     on a thread of its own while the caller stores what came before. An error
     of ``fetch`` is raised here, after what came before it; when the caller
     stops, so does the thread, after the request in flight."""
-    ready: queue.Queue = queue.Queue(maxsize=PREFETCHED)
+    ready: queue.Queue[object] = queue.Queue(maxsize=PREFETCHED)
     stopped = threading.Event()
     end = object()
 
@@ -381,7 +387,7 @@ def _read_ahead(fetch: Callable[[LoggedAttempt], _Found | None], attempts: list)
 
 
 def _fetched(
-    delivery_log: DeliveryLog, attempt: LoggedAttempt, report: CatchUpReport
+    delivery_log: DeliveryLog, attempt: LoggedAttempt, *, report: CatchUpReport
 ) -> _Found | None:
     """What GitHub sent for ``attempt``; None when it left the log since it was listed."""
     try:
