@@ -28,7 +28,7 @@ from ingest import api, events, rest, webhooks
 from ingest.heartbeat import beating
 from ingest.limits import BodyLimit, Lifetime, StreamSlots
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
-from ingest.metrics import IngressMetrics
+from ingest.metrics import InboxReading, IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
 from models.db import make_engine, make_session_factory, session_scope
@@ -236,8 +236,10 @@ def _add_operational_routes(app: FastAPI) -> None:
     @app.get("/metrics", tags=["operations"])
     async def metrics(request: Request) -> Response:
         """Prometheus text: deliveries by provider and result, ingress latency,
-        payload mismatches, rejected signatures, relay counters; and, read from
-        the database at each scrape, each source's last catch-up and the
+        unexpected errors, payload mismatches, rejected signatures, relay
+        counters and its pending keys; and, read from the database at each
+        scrape, the inbox by status, the oldest queued delivery's age, the
+        sweeper's lag, each source's last delivery and last catch-up, and the
         downtime no catch-up has covered (``models.reports.gaps``). With
         TASKHOOK_METRICS_TOKEN set, only for ``Authorization: Bearer <token>``."""
         runtime: IngressRuntime = request.app.state.runtime
@@ -248,12 +250,17 @@ def _add_operational_routes(app: FastAPI) -> None:
                 status_code=401,
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        runtime.metrics.show_relay(pending=runtime.relay.pending())
         try:
             found = await runtime.in_store_thread(_gaps, runtime)
+            inbox = await runtime.in_store_thread(_inbox, runtime)
         except StoreUnavailable:
             pass  # the process's own counters still answer; the gauges keep their last values
         else:
-            runtime.metrics.show_gaps(found, by_source=runtime.settings.metrics_source_labels)
+            by_source = runtime.settings.metrics_source_labels
+            runtime.metrics.show_gaps(found, by_source=by_source)
+            grace = runtime.settings.queued_grace_seconds
+            runtime.metrics.show_inbox(inbox, by_source=by_source, queued_grace_seconds=grace)
         return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -268,6 +275,11 @@ def _bearer_is(authorization: str | None, token: str) -> bool:
 def _gaps(runtime: IngressRuntime) -> Gaps:
     with runtime.store_errors(), session_scope(runtime.sessions) as session:
         return gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
+
+
+def _inbox(runtime: IngressRuntime) -> InboxReading:
+    with runtime.store_errors(), session_scope(runtime.sessions) as session:
+        return runtime.metrics.read_inbox(session=session)
 
 
 def _database_ready(runtime: IngressRuntime) -> str:

@@ -3,12 +3,49 @@ apps in one test process never share counters)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
+from models.inbox import WEBHOOK_ORIGIN, DeliveryStatus
+from models.providers import PROVIDERS
 from models.reports import Gaps
+from models.tables import Delivery, WebhookSource, utcnow
+
+#: The statuses ``taskhook_inbox_deliveries`` counts: every one but ``done``
+#: and ``ignored``, which grow with every delivery (counting them would read
+#: the whole inbox at each scrape; ``taskhook_deliveries`` has their rate).
+#: Each of these is small on a healthy inbox, so counting it is cheap.
+COUNTED_STATUSES = tuple(
+    status
+    for status in DeliveryStatus
+    if status not in (DeliveryStatus.DONE, DeliveryStatus.IGNORED)
+)
+
+
+@dataclass(frozen=True)
+class InboxReading:
+    """What the inbox gauges show, read at scrape time (:meth:`IngressMetrics.read_inbox`)."""
+
+    now: datetime
+    #: Rows of each of :data:`COUNTED_STATUSES`.
+    counts: dict[str, int]
+    #: The oldest queued row's ``received_at`` (the backlog's age) and its
+    #: oldest ``updated_at`` (the ingress's insert, or the sweeper's last
+    #: re-send: the sweeper's lag); None when nothing is queued.
+    oldest_queued_received_at: datetime | None
+    oldest_queued_updated_at: datetime | None
+    #: Each enabled source's last webhook delivery (``origin = webhook``)
+    #: received, by slug; the source's creation while it has none.
+    last_delivery: dict[str, datetime]
 
 
 @dataclass
@@ -60,6 +97,46 @@ class IngressMetrics:
             "Delivery keys the relay could not hand to the broker (left to the sweeper).",
             registry=self.registry,
         )
+        self.relay_pending = Gauge(
+            "taskhook_relay_pending",
+            "Delivery keys waiting in this process's relay for the broker (its lag: "
+            "a healthy broker takes them within milliseconds).",
+            registry=self.registry,
+        )
+        # Every provider's series from the start: a series born with its
+        # first request would hide that request from increase().
+        for provider in PROVIDERS:
+            self.latency.labels(provider)
+        self.registry.register(_UnexpectedErrors(self))
+
+        self.inbox = Gauge(
+            "taskhook_inbox_deliveries",
+            "Inbox rows by status, read from the database at each scrape (every status "
+            "but done and ignored, which grow with every delivery).",
+            ["status"],
+            registry=self.registry,
+        )
+        self.oldest_queued_age = Gauge(
+            "taskhook_inbox_oldest_queued_age_seconds",
+            "How long the oldest queued delivery has waited since it was received "
+            "(0: nothing queued).",
+            registry=self.registry,
+        )
+        self.sweeper_lag = Gauge(
+            "taskhook_sweeper_lag_seconds",
+            "How long past its grace period (TASKHOOK_QUEUED_GRACE_SECONDS) a queued "
+            "delivery has waited for the sweeper to send it again: under one sweep "
+            "interval while the sweeper runs (0: none waits).",
+            registry=self.registry,
+        )
+        self.source_last_delivery = Gauge(
+            "taskhook_source_last_delivery_timestamp_seconds",
+            "When the enabled source's last webhook delivery was received, or when the "
+            "source was made while it has none ('-': the most silent source's).",
+            ["source"],
+            registry=self.registry,
+        )
+        self._last_deliveries = _LastDeliveries()
 
         self.uncovered_downtime = Gauge(
             "taskhook_uncovered_downtime_seconds",
@@ -116,6 +193,68 @@ class IngressMetrics:
             self.catchup_last_recovered.labels("-").set(sum(r.recovered for r in runs))
             self.catchup_last_failed.labels("-").set(max(int(r.error is not None) for r in runs))
 
+    def read_inbox(self, *, session: Session, now: datetime | None = None) -> InboxReading:
+        """What :meth:`show_inbox` shows, in three indexed queries: the counted
+        statuses' rows (``ix_deliveries_status_updated_at``), the enabled
+        sources, and the deliveries stored since the last scrapes (by key)."""
+        now = now or utcnow()
+        counts = dict.fromkeys(COUNTED_STATUSES, 0)
+        received = updated = None
+        for status, count, oldest_received, oldest_updated in session.execute(
+            select(
+                Delivery.status,
+                func.count(),
+                func.min(Delivery.received_at),
+                func.min(Delivery.updated_at),
+            )
+            .where(Delivery.status.in_([status.value for status in COUNTED_STATUSES]))
+            .group_by(Delivery.status)
+        ):
+            counts[DeliveryStatus(status)] = count
+            if status == DeliveryStatus.QUEUED:
+                received, updated = oldest_received, oldest_updated
+        last = self._last_deliveries.read(session)
+        sources = {
+            slug: last.get(source_id, created_at)
+            for source_id, slug, created_at in session.execute(
+                select(WebhookSource.id, WebhookSource.slug, WebhookSource.created_at).where(
+                    WebhookSource.enabled.is_(True)
+                )
+            )
+        }
+        return InboxReading(
+            now=now,
+            counts={status.value: count for status, count in counts.items()},
+            oldest_queued_received_at=received,
+            oldest_queued_updated_at=updated,
+            last_delivery=sources,
+        )
+
+    def show_inbox(
+        self, reading: InboxReading, *, by_source: bool, queued_grace_seconds: float
+    ) -> None:
+        """Set the inbox gauges from ``reading``."""
+        for status, count in reading.counts.items():
+            self.inbox.labels(status).set(count)
+
+        def waited(since: datetime | None) -> float:
+            return 0.0 if since is None else max(0.0, (reading.now - since).total_seconds())
+
+        self.oldest_queued_age.set(waited(reading.oldest_queued_received_at))
+        self.sweeper_lag.set(
+            max(0.0, waited(reading.oldest_queued_updated_at) - queued_grace_seconds)
+        )
+        self.source_last_delivery.clear()
+        last = {slug: at.timestamp() for slug, at in reading.last_delivery.items()}
+        if by_source:
+            for slug, timestamp in last.items():
+                self.source_last_delivery.labels(slug).set(timestamp)
+        elif last:
+            self.source_last_delivery.labels("-").set(min(last.values()))
+
+    def show_relay(self, *, pending: int) -> None:
+        self.relay_pending.set(pending)
+
     def count_delivery(self, provider: str, source: str, result: str) -> None:
         """One more webhook delivery answered (``taskhook_deliveries``)."""
         self._child("deliveries", provider, source, result).inc()
@@ -129,3 +268,76 @@ class IngressMetrics:
         if child is None:
             child = self._children[key] = getattr(self, metric).labels(*labels)
         return child
+
+
+class _LastDeliveries:
+    """Each source's last webhook delivery received, by source id, kept across
+    scrapes: a scrape reads only the rows stored since the one before the last
+    (by key, the primary key's range), never the whole inbox -- but the first
+    scrape of a process, which reads it once. Reading from one scrape further
+    back than needed takes in the rows of transactions that took their key
+    before the last scrape and committed after it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, datetime] = {}
+        #: The highest key the scrape before the last one saw, and the last one.
+        self._scan_after = 0
+        self._seen = 0
+
+    def read(self, session: Session) -> dict[int, datetime]:
+        with self._lock:
+            newest = self._seen
+            for source_id, received_at, key in session.execute(
+                select(Delivery.source_id, func.max(Delivery.received_at), func.max(Delivery.id))
+                .where(Delivery.id > self._scan_after, Delivery.origin == WEBHOOK_ORIGIN)
+                .group_by(Delivery.source_id)
+            ):
+                known = self._last.get(source_id)
+                if known is None or received_at > known:
+                    self._last[source_id] = received_at
+                newest = max(newest, key)
+            self._scan_after, self._seen = self._seen, newest
+            return dict(self._last)
+
+
+class _UnexpectedErrors(Collector):
+    """``taskhook_ingress_unexpected_errors``: webhook requests timed
+    (``taskhook_ingress_seconds``) whose route never counted a result
+    (``taskhook_deliveries``), because an unexpected error ended them -- the
+    app's catch-all answered those 503 (``ingest.app.UnexpectedErrors``).
+    Exact: a request is timed and counted in one step of the event loop, and
+    the scrape reads both in another."""
+
+    def __init__(self, metrics: IngressMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        timed = dict.fromkeys(PROVIDERS, 0.0)
+        for metric in self._metrics.latency.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_count"):
+                    provider = sample.labels["provider"]
+                    timed[provider] = timed.get(provider, 0.0) + sample.value
+        for metric in self._metrics.deliveries.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    provider = sample.labels["provider"]
+                    timed[provider] = timed.get(provider, 0.0) - sample.value
+        family = self._family()
+        for provider, errors in sorted(timed.items()):
+            family.add_metric([provider], max(0.0, errors))
+        yield family
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "taskhook_ingress_unexpected_errors",
+            "Webhook requests an unexpected error ended, answered 503 by the app's "
+            "catch-all (timed in taskhook_ingress_seconds, no result counted in "
+            "taskhook_deliveries).",
+            labels=["provider"],
+        )

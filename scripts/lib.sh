@@ -59,3 +59,41 @@ start_local_services() {
         wait_for Redis redis-cli -h 127.0.0.1 -p 6379 ping
     fi
 }
+
+# ensure_promtool: promtool (from Debian's prometheus package) checks and
+# unit-tests the alerting rules in deploy/prometheus/ (tests/deploy). When it
+# is not on PATH, install the package; if that install started a Prometheus
+# server (an init system that starts services), stop that one process again:
+# nobody asked for a server. In CI (CI=true) a promtool still missing fails.
+ensure_promtool() {
+    command -v promtool >/dev/null && return 0
+    local sudo="" log="$VENV/apt.log" before pid
+    if [ "$(id -u)" -ne 0 ]; then
+        sudo="sudo -n"
+    fi
+    if command -v apt-get >/dev/null; then
+        echo "==> installing promtool (Debian's prometheus package)"
+        before=" $(pgrep -x prometheus | tr '\n' ' ' || true) "
+        local install=(env DEBIAN_FRONTEND=noninteractive
+            apt-get install -y --no-install-recommends prometheus)
+        if ! $sudo "${install[@]}" >"$log" 2>&1; then
+            # Stale package lists: refresh them once, then try again.
+            { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update && $sudo "${install[@]}"; } \
+                >>"$log" 2>&1 || cat "$log" >&2
+        fi
+        for pid in $(pgrep -x prometheus || true); do
+            case "$before" in
+            *" $pid "*) ;;
+            *)
+                echo "==> stopping the Prometheus server the install started (pid $pid)"
+                kill "$pid" || true
+                ;;
+            esac
+        done
+    fi
+    if ! command -v promtool >/dev/null; then
+        echo "!! promtool is missing (apt-get install prometheus); tests/deploy will fail" >&2
+        [ "${CI:-}" != "true" ] || return 1
+    fi
+    return 0
+}
