@@ -47,6 +47,9 @@ def celery_publisher(settings: Settings) -> Publish:
     app.conf.update(
         broker_transport=settings.broker_transport(),
         broker_transport_options=settings.broker_transport_options(),
+        # Declared as the worker declares them: RabbitMQ refuses a queue
+        # redeclared with other arguments (a quorum queue as a classic one).
+        task_queues=settings.broker_queues(),
         broker_connection_timeout=settings.enqueue_timeout_seconds,
         task_serializer="json",
         accept_content=["json"],

@@ -17,8 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from kombu import Exchange, Queue
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
 
 
 class Settings(BaseSettings):
@@ -179,6 +182,22 @@ class Settings(BaseSettings):
         description="Redis: when an unacknowledged message is handed out again; above "
         "the task time limit.",
     )
+    broker_consumer_timeout_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="RabbitMQ: the broker's consumer_timeout, as it is configured there "
+        "(RabbitMQ's default is 30 minutes). A worker holds a message at most twice the "
+        "task time limit (one waiting for a thread, then its run); the worker refuses to "
+        "start when this is not above that, since RabbitMQ would close its channel.",
+    )
+    broker_delivery_limit: int = Field(
+        default=20,
+        gt=0,
+        description="RabbitMQ: how often a quorum queue hands out one message before it "
+        "drops it (x-delivery-limit), so a message that kills its worker does not loop "
+        "on the broker. Its inbox row is kept: the sweeper sends it again, and the "
+        "worker parks it once TASKHOOK_MAX_LOST_ATTEMPTS attempts ended without an answer.",
+    )
     retry_base_seconds: float = Field(default=1.0, gt=0)
     retry_max_seconds: float = Field(default=300.0, gt=0)
     unsettled_max_retries: int = Field(
@@ -226,7 +245,21 @@ class Settings(BaseSettings):
             raise ValueError(
                 "TASKHOOK_VISIBILITY_TIMEOUT_SECONDS must exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS"
             )
+        if self.uses_rabbitmq and self.broker_consumer_timeout_seconds <= (
+            held := 2 * self.task_time_limit_seconds
+        ):
+            raise ValueError(
+                f"RabbitMQ's consumer_timeout ({self.broker_consumer_timeout_seconds:g} s, "
+                "TASKHOOK_BROKER_CONSUMER_TIMEOUT_SECONDS) must exceed twice "
+                f"TASKHOOK_TASK_TIME_LIMIT_SECONDS ({held} s): a worker holds a message that "
+                "long, and RabbitMQ closes the channel of a consumer that holds one longer. "
+                "Raise consumer_timeout in rabbitmq.conf and say so here, or lower the limit."
+            )
         return self
+
+    @property
+    def uses_rabbitmq(self) -> bool:
+        return self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
 
     def result_backend(self) -> str:
         """The Celery result backend: explicit, else one that matches the broker."""
@@ -239,6 +272,19 @@ class Settings(BaseSettings):
             folder.mkdir(parents=True, exist_ok=True)
             return f"file://{folder}"
         return "rpc://"
+
+    def broker_queues(self) -> list[Queue]:
+        """The two queues, as every Celery app of taskhook declares them: on
+        RabbitMQ quorum queues (replicated, at-least-once; a delivery limit
+        against a message that kills its worker), elsewhere plain ones."""
+        arguments: dict[str, Any] = {}
+        if self.uses_rabbitmq:
+            arguments = {"x-queue-type": "quorum", "x-delivery-limit": self.broker_delivery_limit}
+        return [
+            # As Celery makes a queue it is not told of: a direct exchange of its name.
+            Queue(name, Exchange(name), routing_key=name, queue_arguments=arguments or None)
+            for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
+        ]
 
     def broker_transport(self) -> str | None:
         """The kombu transport for the broker URL, when not the URL's own: the
@@ -265,6 +311,11 @@ class Settings(BaseSettings):
                 # kombu's default (1 s) drains about 2 messages/s here.
                 "polling_interval": 0.01,
             }
+        if self.uses_rabbitmq:
+            # Every publish waits for RabbitMQ's confirm: a message the broker
+            # did not take is an error the sender sees (the relay, the sweeper
+            # and the CLI then leave the row queued for the sweeper).
+            return {"confirm_publish": True}
         if self.broker_url.startswith(("redis://", "rediss://")):
             return {
                 "visibility_timeout": self.visibility_timeout_seconds,

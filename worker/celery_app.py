@@ -106,6 +106,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": time_limit,
         "task_soft_time_limit": time_limit * 0.9,
         "task_routes": TASK_ROUTES,
+        "task_queues": settings.broker_queues(),
         "task_default_queue": DELIVERIES_QUEUE,
         "beat_schedule": _beat_schedule(settings),
         "enable_utc": True,

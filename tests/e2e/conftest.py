@@ -36,6 +36,7 @@ from models.db import make_engine, make_session_factory
 from models.inbox import FINISHED
 from models.settings import Settings
 from models.tables import Base, Delivery
+from tests.brokers import BROKERS, rabbitmq_vhost
 from worker.celery_app import make_celery_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,6 +141,35 @@ def worker_environment(database_url: str, broker_url: str, **extra: str) -> dict
 StartWorker = Callable[..., WorkerProcess]
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module that sets ``ON_EVERY_BROKER = True`` runs once on Redis and once
+    on RabbitMQ: the same tests, on each broker taskhook supports."""
+    if "broker" in metafunc.fixturenames and getattr(metafunc.module, "ON_EVERY_BROKER", False):
+        metafunc.parametrize("broker", BROKERS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def broker(request: pytest.FixtureRequest) -> str:
+    """Which broker the module's processes use: Redis, unless the module runs
+    on every broker (``ON_EVERY_BROKER``)."""
+    return getattr(request, "param", "redis")
+
+
+@pytest.fixture(scope="module")
+def broker_url(broker: str, request: pytest.FixtureRequest) -> str:
+    """The module's broker: a Redis database of its own, or a RabbitMQ virtual
+    host of its own on the machine's RabbitMQ (made now, deleted after)."""
+    if broker == "rabbitmq":
+        return request.getfixturevalue("rabbitmq_url")
+    return request.getfixturevalue("redis_url")
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_url() -> Iterator[str]:
+    with rabbitmq_vhost() as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3, socket_timeout=3)
@@ -160,8 +190,9 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def sessions(postgres_url: str) -> Iterator[sessionmaker[Session]]:
-    """The test's own view of the database the workers use."""
+def sessions(postgres_url: str, broker_url: str) -> Iterator[sessionmaker[Session]]:
+    """The test's own view of the database the workers use; emptied when the
+    module ends on its broker (a module on every broker starts clean on each)."""
     engine = make_engine(postgres_url)
     try:
         yield make_session_factory(engine)
@@ -213,11 +244,12 @@ class Launcher:
 
 @pytest.fixture(scope="module")
 def start_worker(
-    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str, sessions
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, broker_url: str, sessions
 ) -> Iterator[StartWorker]:
-    """Start workers on PostgreSQL and Redis; all are stopped, by pid, when the
-    module ends -- before the database is emptied and Redis flushed."""
-    launcher = Launcher(tmp_path_factory.mktemp("workers"), postgres_url, redis_url)
+    """Start workers on PostgreSQL and the module's broker; all are stopped, by
+    pid, when the module ends -- before the database is emptied and the broker
+    cleared."""
+    launcher = Launcher(tmp_path_factory.mktemp("workers"), postgres_url, broker_url)
     try:
         yield launcher.start
     finally:
@@ -238,9 +270,9 @@ def start_embedded_worker(tmp_path: Path) -> Iterator[StartWorker]:
 
 
 @pytest.fixture(scope="module")
-def client(postgres_url: str, redis_url: str) -> Iterator[Celery]:
+def client(postgres_url: str, broker_url: str) -> Iterator[Celery]:
     """A Celery client that sends by name, as the ingress and the CLI do."""
-    app = make_celery_app(Settings(database_url=postgres_url, broker_url=redis_url))
+    app = make_celery_app(Settings(database_url=postgres_url, broker_url=broker_url))
     try:
         yield app
     finally:
@@ -281,14 +313,15 @@ class Ingress:
 
 @pytest.fixture(scope="module")
 def start_ingress(
-    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str, sessions
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, broker_url: str, sessions
 ) -> Iterator[Callable[..., Ingress]]:
-    """Start uvicorn on PostgreSQL and Redis; stopped by pid when the module ends."""
+    """Start uvicorn on PostgreSQL and the module's broker; stopped by pid when
+    the module ends."""
     folder = tmp_path_factory.mktemp("ingress")
     started: list[Ingress] = []
 
     def start(**env: str) -> Ingress:
-        started.append(Ingress(folder, postgres_url, redis_url, **env))
+        started.append(Ingress(folder, postgres_url, broker_url, **env))
         return started[-1]
 
     try:

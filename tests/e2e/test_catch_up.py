@@ -28,6 +28,8 @@ from tests.deliveries import FIXTURES, github_headers
 from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
 
 pytestmark = pytest.mark.e2e
+#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+ON_EVERY_BROKER = True
 
 SECRET, TOKEN = "e2e-catch-up-secret", "ghp_e2e_catch_up"
 HOOK = "repos/acme/widgets/hooks/4242"
@@ -41,12 +43,12 @@ def issue(number: int) -> dict:
     return payload
 
 
-def taskhook(postgres_url: str, redis_url: str, *args: str, secret: str = TOKEN) -> dict:
+def taskhook(postgres_url: str, broker_url: str, *args: str, secret: str = TOKEN) -> dict:
     """The real CLI in a process of its own, as an operator runs it."""
     done = subprocess.run(
         [sys.executable, "-m", "worker.cli", *args, "--json"],
         cwd=ROOT,
-        env=worker_environment(postgres_url, redis_url),
+        env=worker_environment(postgres_url, broker_url),
         capture_output=True,
         text=True,
         timeout=120,
@@ -57,7 +59,7 @@ def taskhook(postgres_url: str, redis_url: str, *args: str, secret: str = TOKEN)
 
 
 def test_fifty_issues_missed_during_an_outage_become_fifty_tasks_once(
-    postgres_url, redis_url, sessions, start_worker, start_ingress
+    postgres_url, broker_url, sessions, start_worker, start_ingress
 ):
     with session_scope(sessions) as session:
         workspace = create_workspace(
@@ -99,7 +101,7 @@ def test_fifty_issues_missed_during_an_outage_become_fifty_tasks_once(
         ingress = start_ingress()
 
         run = ("catch-up", "github", "--source", "outage-github")
-        first = taskhook(postgres_url, redis_url, *run)
+        first = taskhook(postgres_url, broker_url, *run)
         assert sorted(first["missed"]) == sorted(guids)
         wait_until(
             finished(sessions, *first["recovered"]),
@@ -108,7 +110,7 @@ def test_fifty_issues_missed_during_an_outage_become_fifty_tasks_once(
             logs=[worker, ingress.process],
         )
 
-        again = taskhook(postgres_url, redis_url, *run, "--since", "1d")
+        again = taskhook(postgres_url, broker_url, *run, "--since", "1d")
         assert again["missed"] == [] and again["recovered"] == []
 
         # GitHub's own redelivery of one of them, arriving after all: the same
@@ -156,7 +158,7 @@ def tasks_in(sessions, workspace_id: int) -> list[str]:
 
 
 def test_fifty_items_older_than_the_log_become_fifty_tasks_once_by_a_scan(
-    postgres_url, redis_url, sessions, start_worker
+    postgres_url, broker_url, sessions, start_worker
 ):
     workspace_id = a_workspace_with(
         sessions, "github", "scan-github", create_events=["issues.opened", "pull_request.opened"]
@@ -181,12 +183,12 @@ def test_fifty_items_older_than_the_log_become_fifty_tasks_once_by_a_scan(
             )
         worker = start_worker("scan")
         scan = ("catch-up", "github", "--source", "scan-github", "--scan", "--since", "14d")
-        first = taskhook(postgres_url, redis_url, *scan)
+        first = taskhook(postgres_url, broker_url, *scan)
         assert len(first["recovered"]) == ISSUES
         wait_until(
             finished(sessions, *first["recovered"]), timeout=60, what="the scan", logs=[worker]
         )
-        again = taskhook(postgres_url, redis_url, *scan)
+        again = taskhook(postgres_url, broker_url, *scan)
         assert again["missed"] == [] and again["recovered"] == []
 
     expected = sorted(
@@ -196,7 +198,7 @@ def test_fifty_items_older_than_the_log_become_fifty_tasks_once_by_a_scan(
 
 
 def test_fifty_jira_issues_missed_become_fifty_tasks_once_by_a_search(
-    postgres_url, redis_url, sessions, start_worker
+    postgres_url, broker_url, sessions, start_worker
 ):
     token = "ATATT3x-e2e-jira-token"
     with FakeJira(email="ops@acme.example", api_token=token) as jira:
@@ -220,12 +222,12 @@ def test_fifty_jira_issues_missed_become_fifty_tasks_once_by_a_search(
             )
         worker = start_worker("search")
         run = ("catch-up", "jira", "--source", "search-jira")
-        first = taskhook(postgres_url, redis_url, *run, secret=token)
+        first = taskhook(postgres_url, broker_url, *run, secret=token)
         assert len(first["recovered"]) == ISSUES
         wait_until(
             finished(sessions, *first["recovered"]), timeout=60, what="the search", logs=[worker]
         )
-        again = taskhook(postgres_url, redis_url, *run, secret=token)
+        again = taskhook(postgres_url, broker_url, *run, secret=token)
         assert again["missed"] == [] and again["recovered"] == []
 
     assert len(tasks_in(sessions, workspace_id)) == ISSUES

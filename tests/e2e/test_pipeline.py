@@ -24,6 +24,8 @@ from tests.deliveries import fixture, github_headers, jira_headers
 from tests.e2e.conftest import Ingress, StartWorker, finished, wait_until
 
 pytestmark = pytest.mark.e2e
+#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+ON_EVERY_BROKER = True
 
 GITHUB_SECRET, JIRA_SECRET = "e2e-github-secret", "e2e-jira-secret"
 

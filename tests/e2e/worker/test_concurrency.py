@@ -18,6 +18,8 @@ from tests.e2e.conftest import StartWorker, finished, wait_until
 from tests.integration.worker.feeds import make_feed, store_delivery, tasks_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
+#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+ON_EVERY_BROKER = True
 
 
 def test_twenty_deliveries_for_one_jira_issue_on_two_workers_are_one_task_and_19_found(

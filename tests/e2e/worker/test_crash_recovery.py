@@ -19,6 +19,8 @@ from tests.e2e.conftest import StartWorker, finished, wait_until
 from tests.integration.worker.feeds import delivery, link_of, make_feed, store_fixture, tasks_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
+#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+ON_EVERY_BROKER = True
 
 
 def _killed_at(start_worker: StartWorker, client: Celery, sessions, point: str):

@@ -25,6 +25,8 @@ from tests.integration.worker.feeds import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
+#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+ON_EVERY_BROKER = True
 
 WAIT = 30.0
 
