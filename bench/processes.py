@@ -40,6 +40,22 @@ class BenchError(RuntimeError):
     pass
 
 
+RABBITMQ_HOST = "127.0.0.1"
+
+
+def rabbitmqctl(*args: str, node: str | None = None, timeout: float = 60.0) -> str:
+    """``rabbitmqctl`` against the machine's RabbitMQ (or ``node``); its output.
+    Raises :class:`BenchError` saying what failed."""
+    command = ["rabbitmqctl", *(["-n", node] if node else []), *args]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BenchError(f"{' '.join(command)}: {error}") from None
+    if done.returncode != 0:
+        raise BenchError(f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
 def free_port() -> int:
     with contextlib.closing(socket.socket()) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -141,6 +157,8 @@ class Processes:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.started: list[Process] = []
+        #: What is undone at ``stop_all`` besides processes (a RabbitMQ vhost).
+        self.cleanups: list[Callable[[], None]] = []
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> Process:
         process = Process(f"{name}-{len(self.started)}", args, logs=self.logs, env=env)
@@ -155,6 +173,8 @@ class Processes:
     def stop_all(self) -> None:
         while self.started:
             self.started.pop().stop()
+        while self.cleanups:
+            self.cleanups.pop()()
 
     # --- what the benchmarks start ------------------------------------------------
 
@@ -190,6 +210,15 @@ class Processes:
         wait_until(up, timeout=READY_TIMEOUT, what="redis-server")
         client.close()
         return url
+
+    def rabbitmq(self) -> str:
+        """A virtual host of the benchmark's own on the machine's RabbitMQ
+        (127.0.0.1:5672, guest), deleted at ``stop_all``; its URL."""
+        vhost = f"taskhook-bench-{uuid.uuid4().hex[:8]}"
+        rabbitmqctl("add_vhost", vhost)
+        self.cleanups.append(lambda: rabbitmqctl("delete_vhost", vhost))
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        return f"amqp://guest:guest@{RABBITMQ_HOST}:5672/{vhost}"
 
     def uvicorn(
         self, name: str, app: str, env: dict[str, str], *, factory: bool = False

@@ -58,6 +58,12 @@ start_local_services() {
         redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
         wait_for Redis redis-cli -h 127.0.0.1 -p 6379 ping
     fi
+    if command -v rabbitmq-server >/dev/null \
+        && ! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; then
+        echo "==> starting RabbitMQ"
+        rabbitmq-server -detached >/dev/null 2>&1 || true
+        wait_for RabbitMQ rabbitmqctl await_startup
+    fi
 }
 
 # ensure_promtool: promtool (from Debian's prometheus package) checks and

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.processes import BenchError
+from bench.processes import rabbitmqctl as bench_rabbitmqctl
+
 BROKERS = ("redis", "rabbitmq")
 RABBITMQ_HOST = os.environ.get("TASKHOOK_TEST_RABBITMQ_HOST", "127.0.0.1")
 RABBITMQ_PORT = int(os.environ.get("TASKHOOK_TEST_RABBITMQ_PORT", "5672"))
@@ -33,15 +36,14 @@ READY_TIMEOUT = 60.0
 
 
 def rabbitmqctl(*args: str, node: str | None = None) -> str:
-    """Run ``rabbitmqctl`` (against ``node``, else the machine's); its output,
-    or a failure that says what went wrong."""
+    """``rabbitmqctl`` (against ``node``, else the machine's); its output, or a
+    failure that says what went wrong."""
     if shutil.which("rabbitmqctl") is None:
         pytest.fail("rabbitmqctl is not installed: the RabbitMQ tests need RabbitMQ", False)
-    command = ["rabbitmqctl", *(["-n", node] if node else []), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT)
-    if done.returncode != 0:
-        pytest.fail(f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}", False)
-    return done.stdout
+    try:
+        return bench_rabbitmqctl(*args, node=node, timeout=RABBITMQCTL_TIMEOUT)
+    except BenchError as error:
+        pytest.fail(str(error), False)
 
 
 def _reachable(host: str, port: int) -> bool:
