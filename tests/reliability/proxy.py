@@ -9,6 +9,11 @@ so a test drives it with plain calls:
 - :meth:`TcpProxy.refuse` makes new connections fail until it is lifted (the
   server "is down" for whoever goes through the proxy);
 - :meth:`TcpProxy.delay` holds every chunk of data that long, both ways.
+
+It listens on 127.0.0.1 and a free port unless told otherwise: ``listen_host``
+(an address of this machine, such as the host side of a veth link) and
+``listen_port`` make it a forwarder another network namespace can reach
+(tests/hosts.py).
 """
 
 from __future__ import annotations
@@ -20,10 +25,19 @@ from concurrent.futures import Future
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int, name: str = "proxy") -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        name: str = "proxy",
+        *,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+    ) -> None:
         self.target = (target_host, target_port)
         self.name = name
-        self.port = 0
+        self.listen_host = listen_host
+        self.port = listen_port
         self.accepted = 0
         self.cut_connections = 0
         self._delay = 0.0
@@ -65,7 +79,7 @@ class TcpProxy:
     # --- the loop's side ---------------------------------------------------------------------
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, self.listen_host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _handle(self, client_reader, client_writer) -> None:
