@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from bench import report, taskhook
 from bench.baselines import DURABLE_TABLE
+from bench.brokers import brokers
 from bench.catch_up import catch_up
 from bench.noop import NOOP
 from bench.processes import (
@@ -35,6 +36,7 @@ from bench.processes import (
     throwaway_database,
     wait_until,
 )
+from bench.prune import prune
 from models.messages import DELIVERIES_QUEUE
 from models.settings import Settings
 from worker.celery_app import celery_config
@@ -62,6 +64,14 @@ class Sizes:
     sqlite_deliveries: int
     catchup_deliveries: int
     catchup_rounds: int
+    brokers_deliveries: int
+    brokers_rounds: int
+    #: bench prune: rows bulk-loaded and aged, deliveries per drain, seconds
+    #: per ingress run, rounds.
+    prune_rows: int
+    prune_deliveries: int
+    prune_ingress_seconds: float
+    prune_rounds: int
 
 
 SMOKE = Sizes(
@@ -84,6 +94,12 @@ SMOKE = Sizes(
     sqlite_deliveries=60,
     catchup_deliveries=200,
     catchup_rounds=1,
+    brokers_deliveries=200,
+    brokers_rounds=1,
+    prune_rows=10_000,
+    prune_deliveries=200,
+    prune_ingress_seconds=1.0,
+    prune_rounds=1,
 )
 DEFAULT = Sizes(
     ingress_seconds=8,
@@ -105,6 +121,12 @@ DEFAULT = Sizes(
     sqlite_deliveries=2_000,
     catchup_deliveries=10_000,
     catchup_rounds=3,
+    brokers_deliveries=10_000,
+    brokers_rounds=3,
+    prune_rows=1_000_000,
+    prune_deliveries=10_000,
+    prune_ingress_seconds=8,
+    prune_rounds=3,
 )
 FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
@@ -1239,4 +1261,6 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "memory": memory,
     "sqlite": sqlite,
     "catch-up": catch_up,
+    "brokers": brokers,
+    "prune": prune,
 }

@@ -148,12 +148,19 @@ def record_delivery(*, session: Session, incoming: IncomingDelivery) -> Recorded
     # The ingress's hot path: one statement, built once per dialect (see
     # _insert_statement), with the row's values as parameters.
     insert = _insert_statement(session.get_bind().dialect.name)
-    inserted = session.execute(insert, delivery_values(incoming)).one_or_none()
+    values = delivery_values(incoming)
+    inserted = session.execute(insert, values).one_or_none()
     if inserted is not None:
         return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
-    stored = stored_duplicate(
-        incoming, *session.execute(_STORED_DELIVERY, delivery_values(incoming)).one()
-    )
+    found = session.execute(_STORED_DELIVERY, values).one_or_none()
+    if found is None:
+        # Deleted between the two statements (the retention policy deletes old
+        # finished rows: models.retention), so the id is free again.
+        inserted = session.execute(insert, values).one_or_none()
+        if inserted is not None:
+            return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
+        found = session.execute(_STORED_DELIVERY, values).one()
+    stored = stored_duplicate(incoming, *found)
     if not stored.payload_mismatch:
         return stored
     session.execute(_COUNT_MISMATCH, {"pk": stored.pk})
@@ -561,11 +568,25 @@ def sweepable(
     return pks
 
 
+def body_dropped_note(*, received_at: datetime, dropped_at: datetime) -> str:
+    """What a delivery whose body the retention policy dropped says in place of
+    its body (``models.retention``): how long after it was received."""
+    days = max(0, (dropped_at - received_at).days)
+    return f"body dropped after {days} day{'s' if days != 1 else ''} by the retention policy"
+
+
 def replay(*, session: Session, delivery_pk: int) -> Delivery:
     """Send a parked (needs_operator) or dead delivery through the worker again."""
     delivery = session.get(Delivery, delivery_pk)
     if delivery is None:
         raise DeliveryNotFound(delivery_pk)
+    if delivery.body_dropped_at is not None:
+        note = body_dropped_note(
+            received_at=delivery.received_at, dropped_at=delivery.body_dropped_at
+        )
+        raise NotReplayable(
+            f"delivery {delivery_pk} cannot be replayed: {note}, only its record is kept"
+        )
     if delivery.status not in REPLAYABLE:
         raise NotReplayable(
             f"delivery {delivery_pk} is {delivery.status}; only "

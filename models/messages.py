@@ -20,6 +20,10 @@ SWEEP = "taskhook.sweep"
 #: its provider's API is caught up (worker.catchup). Not on the
 #: deliveries queue: it waits on GitHub's API, and on its rate limits.
 CATCH_UP = "taskhook.catch_up"
+#: prune() from beat, on the operator queue: the inbox's retention policy
+#: (worker.retention), in small batches. Not on the deliveries queue: a long
+#: prune must not stand between a delivery and its worker.
+PRUNE = "taskhook.prune"
 #: release_identity(workspace_id, external_id, operator, reason) on the operator queue.
 RELEASE_IDENTITY = "taskhook.release_identity"
 

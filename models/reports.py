@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session
 
 from models.errors import DeliveryNotFound, InvalidExternalId, WorkspaceNotAccessible
 from models.events import EventType
 from models.external_id import normalize_external_id
-from models.inbox import DeliveryStatus, counts_by_status, oldest_queued_at
+from models.inbox import DeliveryStatus, body_dropped_note, counts_by_status, oldest_queued_at
 from models.providers import UNKNOWN_EVENT
 from models.tables import (
     CatchUpRun,
@@ -171,6 +171,16 @@ class DeliverySummary:
     #: The external id the delivery names, as the ingress read it; else the one
     #: its task holds now (rows stored before the ingress kept it).
     external_id: str | None = None
+    #: When the retention policy dropped its body (models.retention); None: kept.
+    body_dropped_at: datetime | None = None
+
+    @property
+    def body_dropped(self) -> str | None:
+        """What stands in for a dropped body ("body dropped after 31 days by
+        the retention policy (...)"); None while the body is kept."""
+        if self.body_dropped_at is None:
+            return None
+        return body_dropped_note(received_at=self.received_at, dropped_at=self.body_dropped_at)
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,9 @@ class DeliveryDetail:
     headers: dict[str, str]
     payload_mismatches: int
     workspace: str
+    #: What stands in for a dropped body (see DeliverySummary.body_dropped);
+    #: ``body_bytes`` is then 0, and ``body_sha256`` the dropped body's.
+    body_dropped: str | None = None
 
 
 def _summary_query():
@@ -225,6 +238,7 @@ def _summary(
         lease_expires_at=delivery.lease_expires_at,
         created_task_id=delivery.created_task_id,
         external_id=delivery.external_id or held,
+        body_dropped_at=delivery.body_dropped_at,
     )
 
 
@@ -264,8 +278,9 @@ def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
         raise DeliveryNotFound(delivery_pk)
     *summarized, workspace = row
     delivery = summarized[0]
+    summary = _summary(*summarized)
     return DeliveryDetail(
-        summary=_summary(*summarized),
+        summary=summary,
         hook_id=delivery.hook_id,
         content_type=delivery.content_type,
         action=delivery.action,
@@ -274,6 +289,7 @@ def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
         headers=shown_headers(delivery.headers or {}),
         payload_mismatches=delivery.payload_mismatches,
         workspace=workspace,
+        body_dropped=summary.body_dropped,
     )
 
 
@@ -549,6 +565,8 @@ def timeline(found: Lineage) -> list[LineageEvent]:
             if part
         )
         add(d.updated_at, 2, f"delivery {d.id} {d.status}", detail or "-")
+        if d.body_dropped is not None:
+            add(d.body_dropped_at, 3, f"delivery {d.id} body dropped", d.body_dropped)
     for task in tasks:
         creator = f"by delivery {task.created_by_delivery}" if task.created_by_delivery else ""
         add(task.created_at, 1, f"task {task.identifier} created", creator or "-")
@@ -598,6 +616,63 @@ def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
         )
     )
     return InboxStats(counts_by_status(session=session), oldest, age, unknown or 0)
+
+
+@dataclass(frozen=True)
+class InboxDiskUse:
+    """What the inbox holds on disk (``taskhook stats``; docs/runbook.md, "Retention")."""
+
+    #: The bodies' bytes, uncompressed, the rows holding them and those whose
+    #: body the retention policy dropped (models.retention); None when not
+    #: counted (``count_bodies=False``: counting reads every row).
+    body_bytes: int | None
+    rows: int | None
+    bodies_dropped: int | None
+    #: On PostgreSQL ``pg_total_relation_size('deliveries')``: the table, its
+    #: TOAST (where large bodies go, compressed) and its indexes. On SQLite the
+    #: whole database file (page_count * page_size), every table.
+    storage_bytes: int
+    #: What ``storage_bytes`` measures, in words.
+    storage: str
+    #: SQLite: pages free for reuse in the file (freelist_count * page_size),
+    #: which only VACUUM gives back; None on PostgreSQL.
+    free_bytes: int | None = None
+
+
+def inbox_disk_use(*, session: Session, count_bodies: bool = True) -> InboxDiskUse:
+    """How much disk the inbox takes: its rows, their bodies' bytes and how
+    many bodies the retention policy dropped (one read of every row; skip it
+    with ``count_bodies=False``, e.g. for a frequent scrape), and the storage
+    as the database measures it (cheap on both)."""
+    rows = body_bytes = dropped = None
+    if count_bodies:
+        rows, body_bytes, dropped = session.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(func.length(Delivery.body)), 0),
+                func.count().filter(Delivery.body_dropped_at.is_not(None)),
+            ).select_from(Delivery)
+        ).one()
+    if session.get_bind().dialect.name == "postgresql":
+        size = session.scalar(text("SELECT pg_total_relation_size('deliveries')"))
+        return InboxDiskUse(
+            body_bytes=None if body_bytes is None else int(body_bytes),
+            rows=rows,
+            bodies_dropped=dropped,
+            storage_bytes=int(size or 0),
+            storage="the deliveries table, its TOAST and its indexes",
+        )
+    page_size = session.scalar(text("PRAGMA page_size")) or 0
+    pages = session.scalar(text("PRAGMA page_count")) or 0
+    free = session.scalar(text("PRAGMA freelist_count")) or 0
+    return InboxDiskUse(
+        body_bytes=None if body_bytes is None else int(body_bytes),
+        rows=rows,
+        bodies_dropped=dropped,
+        storage_bytes=pages * page_size,
+        storage="the SQLite database file (every table)",
+        free_bytes=free * page_size,
+    )
 
 
 # --- catch-up and downtime ------------------------------------------------------------------

@@ -23,6 +23,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
 
+#: A retention setting beyond a century is a typo, not a policy.
+MAX_RETENTION_DAYS = 36_500
+#: TASKHOOK_INBOX_RETENTION_DAYS's least value but 0: longer than any provider
+#: keeps a delivery it may send again (GitHub Enterprise Server: 7 days).
+MIN_INBOX_RETENTION_DAYS = 8
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TASKHOOK_", extra="ignore")
@@ -198,6 +204,15 @@ class Settings(BaseSettings):
         "on the broker. Its inbox row is kept: the sweeper sends it again, and the "
         "worker parks it once TASKHOOK_MAX_LOST_ATTEMPTS attempts ended without an answer.",
     )
+    max_lost_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Attempts at one delivery that may end without an answer (the worker "
+        "killed, crashed, or past its lease) before the next worker parks it as "
+        "needs_operator instead of running it again: on any broker, a delivery that "
+        "kills its worker stops there.",
+    )
     retry_base_seconds: float = Field(default=1.0, gt=0)
     retry_max_seconds: float = Field(default=300.0, gt=0)
     unsettled_max_retries: int = Field(
@@ -228,6 +243,45 @@ class Settings(BaseSettings):
         description="How old a queued delivery must be before the sweeper enqueues it again.",
     )
 
+    # --- retention (models/retention.py; docs/runbook.md, "Retention") ----------------
+    body_retention_days: int = Field(
+        default=30,
+        ge=0,
+        le=MAX_RETENTION_DAYS,
+        description="Days after a done or ignored delivery was finished that its body is "
+        "dropped; its row stays, so a late redelivery is still answered as a duplicate. "
+        "0 keeps bodies until their rows are deleted. At most TASKHOOK_INBOX_RETENTION_DAYS.",
+    )
+    inbox_retention_days: int = Field(
+        default=90,
+        ge=0,
+        le=MAX_RETENTION_DAYS,
+        description="Days after a finished delivery (done, ignored, replay, mismatch) was "
+        "last changed that its row is deleted; needs_operator, dead, queued and processing "
+        f"rows never are. 0 never deletes; else at least {MIN_INBOX_RETENTION_DAYS}, beyond "
+        "the week a provider may still send a delivery again.",
+    )
+    retention_interval_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How often beat runs the retention policy (taskhook deliveries prune); "
+        "0 turns it off.",
+    )
+    retention_batch: int = Field(
+        default=1000,
+        ge=1,
+        le=10_000,
+        description="Most rows the retention policy drops or deletes in one transaction.",
+    )
+    retention_pause_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        le=60,
+        description="The retention policy's least pause between two batches; the pause is "
+        "19 times the batch's own time when that is longer, so a prune works at most a "
+        "twentieth of the time and the ingress and the workers keep the database.",
+    )
+
     @model_validator(mode="after")
     def _public_url_defaults_to_the_ingress(self) -> Settings:
         if not self.public_url:
@@ -235,6 +289,24 @@ class Settings(BaseSettings):
             host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
             host = f"[{host}]" if ":" in host else host
             self.public_url = f"http://{host}:{self.port}"
+        return self
+
+    @model_validator(mode="after")
+    def _retention_is_coherent(self) -> Settings:
+        rows, bodies = self.inbox_retention_days, self.body_retention_days
+        if 0 < rows < MIN_INBOX_RETENTION_DAYS:
+            raise ValueError(
+                f"TASKHOOK_INBOX_RETENTION_DAYS is {rows}: it must be 0 (never delete) or at "
+                f"least {MIN_INBOX_RETENTION_DAYS}; a provider may send a delivery again for a "
+                "week (GitHub Enterprise Server keeps 7 days), and a row deleted sooner would "
+                "be stored and processed again as a new delivery"
+            )
+        if rows and bodies > rows:
+            raise ValueError(
+                f"TASKHOOK_BODY_RETENTION_DAYS ({bodies}) must not exceed "
+                f"TASKHOOK_INBOX_RETENTION_DAYS ({rows}): the row goes, body and all, after "
+                f"{rows} days; set it to at most {rows}, or to 0 to keep bodies until then"
+            )
         return self
 
     @model_validator(mode="after")

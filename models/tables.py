@@ -343,8 +343,14 @@ class Delivery(Base):
     source_id: Mapped[int] = mapped_column(ForeignKey("webhook_sources.id", ondelete="CASCADE"))
     delivery_id: Mapped[str] = mapped_column(ExternalIdText)
     hook_id: Mapped[str | None] = mapped_column(String(64))
+    #: Empty once the retention policy dropped it (``body_dropped_at``).
     body: Mapped[bytes] = mapped_column(LargeBinary)
+    #: The hex SHA-256 of the body as received; kept when the body is dropped,
+    #: so a redelivery is still told from another body under the same id.
     body_sha256: Mapped[str] = mapped_column(String(64))
+    #: When the retention policy dropped the body of this finished (done or
+    #: ignored) delivery, keeping the row (models.retention); None: kept.
+    body_dropped_at: Mapped[datetime | None]
     content_type: Mapped[str | None] = mapped_column(String(200))
     #: The adapter's event name (``issues.opened``), and GitHub's ``action`` alone.
     event: Mapped[str] = mapped_column(String(200))

@@ -16,7 +16,11 @@ At least once, and why each knob:
   it runs, so a dying worker strands little;
 - a Redis ``visibility_timeout`` above the task time limit (settings check
   it): a message is not handed to a second worker while the first still runs;
-- the sweeper (beat) re-sends what the broker lost altogether.
+- on RabbitMQ, quorum queues, publisher confirms and a ``consumer_timeout``
+  above what a worker may hold a message (``Settings.broker_queues``,
+  ``broker_transport_options``, checked at start);
+- the sweeper (beat) re-sends what the broker lost altogether, and a
+  delivery whose attempts keep dying is parked (``models.inbox.park_lost``).
 
 Running twice is harmless by construction (``worker.processing``).
 """
@@ -34,6 +38,7 @@ from models.messages import (
     OPERATOR_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
+    PRUNE,
     RELEASE_IDENTITY,
     SWEEP,
 )
@@ -41,7 +46,7 @@ from models.settings import Settings, get_settings
 from worker import runtime
 
 #: The modules whose tasks a worker registers (imported by the worker, not here).
-TASK_MODULES = ("worker.tasks", "worker.operator", "worker.catchup.tasks")
+TASK_MODULES = ("worker.tasks", "worker.operator", "worker.catchup.tasks", "worker.retention")
 
 #: Every message by name to its queue. Senders may not have the task imported
 #: (the ingress, the CLI), so routing is by name.
@@ -51,6 +56,7 @@ TASK_ROUTES = {
     SWEEP: {"queue": DELIVERIES_QUEUE},
     RELEASE_IDENTITY: {"queue": OPERATOR_QUEUE},
     CATCH_UP: {"queue": OPERATOR_QUEUE},
+    PRUNE: {"queue": OPERATOR_QUEUE},
 }
 
 
@@ -69,6 +75,12 @@ def _beat_schedule(settings: Settings) -> dict[str, Any]:
             "task": CATCH_UP,
             "schedule": settings.catchup_interval_seconds,
             "options": {"expires": settings.catchup_interval_seconds},
+        }
+    if settings.retention_interval_seconds > 0:
+        schedule["prune-the-inbox"] = {
+            "task": PRUNE,
+            "schedule": settings.retention_interval_seconds,
+            "options": {"expires": settings.retention_interval_seconds},
         }
     return schedule
 

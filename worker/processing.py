@@ -47,6 +47,7 @@ from models.fastpath import Claimed, FastPath, Inserted, LostTheRace, Settlement
 from models.inbox import (
     DeliveryStatus,
     Lease,
+    body_dropped_note,
     claim,
     defer,
     fence_create,
@@ -138,6 +139,10 @@ class ClaimedDelivery:
     site_url: str | None
     #: The task an earlier attempt of this delivery inserted, if one did.
     created_task_id: int | None
+    #: What stands in for a body the retention policy dropped (only a done or
+    #: ignored row loses it, and nothing claims those: a row put back in the
+    #: queue by hand); None while the body is kept.
+    body_dropped: str | None = None
 
 
 class Ending(enum.Enum):
@@ -479,6 +484,11 @@ def _read_claimed(session: Session, lease: Lease) -> ClaimedDelivery:
         create_events=frozenset(source.create_events),
         site_url=source.site_url,
         created_task_id=delivery.created_task_id,
+        body_dropped=None
+        if delivery.body_dropped_at is None
+        else body_dropped_note(
+            received_at=delivery.received_at, dropped_at=delivery.body_dropped_at
+        ),
     )
 
 
@@ -492,6 +502,11 @@ def _create_on_the_general_path(
     if work.event not in work.create_events:
         reason = f"{work.event} does not create tasks for source {work.source_slug}"
         return attempt.finish(DeliveryStatus.IGNORED, reason=reason)
+    if work.body_dropped is not None:
+        # Nothing to read a task from: a person's call (docs/runbook.md, "Retention").
+        return attempt.finish(
+            DeliveryStatus.DEAD, reason=f"nothing to process: {work.body_dropped}"
+        )
 
     try:
         draft = draft_of(

@@ -105,3 +105,30 @@ def test_catch_up(tmp_path: Path) -> None:
             assert one["rate_per_s"] > 0 and one["peak_rss_mib"] > 0, name
     # A second run finds everything stored: nothing recovered twice.
     assert [again["recovered"] for again in result["reruns"]] == [0]
+
+
+def test_brokers(tmp_path: Path) -> None:
+    result = run("brokers", tmp_path)
+    for name, runs in result["runs"].items():
+        for one in runs:
+            assert one["tasks"] == result["deliveries"], name
+            assert one["rate_per_s"] > 0, name
+    assert result["goals"]["rabbitmq_vs_redis"] > 0
+
+
+def test_prune(tmp_path: Path) -> None:
+    result = run("prune", tmp_path)
+    (entry,) = result["rounds"]
+    for what in ("ingress", "drain"):
+        for side in ("without", "deleting", "dropping"):
+            assert entry[what][side]["rate_per_s"] > 0, (what, side)
+        assert entry[what]["ratios"]["deleting"] > 0 and entry[what]["ratios"]["dropping"] > 0
+    assert all(entry["ingress"][side]["errors"] == 0 for side in entry["ingress"]["ratios"])
+    # Each prune ran beside the load, by its one rule, and worked through an index.
+    assert entry["ingress"]["deleting"]["meanwhile"]["rows_deleted"] > 0
+    assert entry["ingress"]["deleting"]["meanwhile"]["bodies_dropped"] == 0
+    assert entry["ingress"]["dropping"]["meanwhile"]["bodies_dropped"] > 0
+    assert entry["ingress"]["dropping"]["meanwhile"]["rows_deleted"] == 0
+    assert all("ix_deliveries_status_updated_at" in plan for plan in result["batch_plans"].values())
+    assert result["disk_before"]["rows"] == result["rows"]
+    assert result["disk_after"]["bodies_dropped"] > 0

@@ -1,4 +1,4 @@
-"""The inbox: ``taskhook deliveries list|show|replay`` and ``taskhook stats``."""
+"""The inbox: ``taskhook deliveries list|show|replay|prune`` and ``taskhook stats``."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ from models.reports import (
     DeliveryDetail,
     DeliverySummary,
     Gaps,
+    InboxDiskUse,
     gaps,
+    inbox_disk_use,
     inbox_stats,
     list_deliveries,
     show_delivery,
 )
+from models.retention import Policy, plan, prune
+from models.tables import utcnow
 
 # The package itself, for the load_celery_app hook: looked up at call time, so
 # that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
@@ -133,7 +137,7 @@ def deliveries_show(runtime: CommandRuntime, delivery: int, as_json: bool) -> No
             ("received", d.received_at),
             ("updated", d.updated_at),
             ("lease until", d.lease_expires_at),
-            ("body", f"{detail.body_bytes} bytes, sha256 {detail.body_sha256}"),
+            ("body", _body(detail)),
             ("content type", detail.content_type),
             ("hook id", detail.hook_id),
             ("mismatches", f"{detail.payload_mismatches} redelivery(ies) with another body"),
@@ -177,6 +181,70 @@ def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> 
         )
 
 
+def _body(detail: DeliveryDetail) -> str:
+    if detail.body_dropped is not None:
+        when = format_when(detail.summary.body_dropped_at)
+        return f"{detail.body_dropped} (on {when} UTC); it had sha256 {detail.body_sha256}"
+    return f"{detail.body_bytes} bytes, sha256 {detail.body_sha256}"
+
+
+def format_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+@deliveries.command("prune")
+@click.option("--dry-run", is_flag=True, help="Say what would go; change nothing.")
+@json_option
+@pass_runtime
+def deliveries_prune(runtime: CommandRuntime, dry_run: bool, as_json: bool) -> None:
+    """Apply the retention policy now: drop the bodies of old done and ignored
+    deliveries, delete old finished rows (TASKHOOK_BODY_RETENTION_DAYS,
+    TASKHOOK_INBOX_RETENTION_DAYS). Says what goes first, then does it, in
+    small batches; needs_operator, dead, queued and processing rows are never
+    touched. Safe to stop and run again."""
+    policy = Policy.of(runtime.settings)
+    now = utcnow()
+    with runtime.session() as session:
+        planned = plan(session=session, policy=policy, now=now)
+        pruned = None if dry_run or not planned else prune(session=session, policy=policy, now=now)
+    if as_json:
+        emit_json(
+            {
+                "policy": {
+                    "body_retention_days": policy.body_days,
+                    "inbox_retention_days": policy.row_days,
+                },
+                "dry_run": dry_run,
+                "plan": [asdict(line) for line in planned],
+                "pruned": None if pruned is None else asdict(pruned),
+            }
+        )
+        return
+    click.echo(f"Retention: {policy.describe()}.")
+    print_table(
+        ("ACTION", "STATUS", "EVENT", "ROWS", "BODIES"),
+        (
+            (line.action, line.status, line.event, line.rows, format_bytes(line.body_bytes))
+            for line in planned
+        ),
+        empty="Nothing to prune.",
+    )
+    if not planned:
+        return
+    rows = sum(line.rows for line in planned)
+    if pruned is None:
+        click.echo(f"Dry run: nothing changed ({rows} rows would be pruned).")
+        return
+    deleted, dropped = sum(pruned.deleted.values()), sum(pruned.dropped.values())
+    click.echo(
+        f"Deleted {deleted} rows and dropped {dropped} bodies ({format_bytes(pruned.body_bytes)}) "
+        f"in {pruned.batches} batches of at most {policy.batch}, {pruned.seconds:g} s."
+    )
+
+
 # --- stats ----------------------------------------------------------------------------
 
 
@@ -190,8 +258,9 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
     with runtime.session() as session:
         found = inbox_stats(session=session)
         missed = gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
+        disk = inbox_disk_use(session=session)
     if as_json:
-        emit_json(asdict(found) | asdict(missed))
+        emit_json(asdict(found) | asdict(missed) | {"disk": asdict(disk)})
         return
     print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
     click.echo()
@@ -207,7 +276,18 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
             f"Oldest queued: received {format_age(found.oldest_queued_age_seconds or 0)} ago "
             f"({format_when(found.oldest_queued_at)} UTC)."
         )
+    _print_disk(disk, Policy.of(runtime.settings))
     _print_gaps(missed)
+
+
+def _print_disk(disk: InboxDiskUse, policy: Policy) -> None:
+    free = f", {format_bytes(disk.free_bytes)} of it free for reuse" if disk.free_bytes else ""
+    click.echo(
+        f"Disk: {format_bytes(disk.body_bytes or 0)} of bodies in {disk.rows} rows "
+        f"({disk.bodies_dropped} bodies dropped); {format_bytes(disk.storage_bytes)} in "
+        f"{disk.storage}{free}."
+    )
+    click.echo(f"Retention: {policy.describe()} (taskhook deliveries prune).")
 
 
 def _print_gaps(missed: Gaps) -> None:

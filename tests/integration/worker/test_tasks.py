@@ -23,6 +23,7 @@ from models.messages import (
     OPERATOR_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
+    PRUNE,
     RELEASE_IDENTITY,
     SWEEP,
 )
@@ -77,12 +78,12 @@ def test_the_app_is_configured_for_at_least_once_delivery():
     assert conf.task_routes[RELEASE_IDENTITY] == {"queue": OPERATOR_QUEUE}
     assert conf.task_routes[CATCH_UP] == {"queue": OPERATOR_QUEUE}
     schedule = {entry["task"]: entry["schedule"] for entry in conf.beat_schedule.values()}
-    assert schedule == {SWEEP: 15, CATCH_UP: 3600}
+    assert schedule == {SWEEP: 15, CATCH_UP: 3600, PRUNE: 3600}
 
 
 def test_catch_up_is_off_the_beat_schedule_at_interval_zero():
     conf = make_celery_app(Settings(broker_url="memory://", catchup_interval_seconds=0)).conf
-    assert [entry["task"] for entry in conf.beat_schedule.values()] == [SWEEP]
+    assert [entry["task"] for entry in conf.beat_schedule.values()] == [SWEEP, PRUNE]
 
 
 def test_the_worker_registers_its_tasks_by_their_message_names():
