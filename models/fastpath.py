@@ -150,6 +150,7 @@ def _claim_and_insert() -> _Statement:
             delivery_pk=delivery,
             now=now,
             lease_until=_parameter("lease_until", Delivery.lease_expires_at.type),
+            max_lost=_parameter("max_lost", Delivery.attempts.type),
         )
         .values(
             created_task_id=case(
@@ -220,7 +221,9 @@ def _claim_and_insert() -> _Statement:
         claimed.c.draft_remote_key,
         exists(select(plain.c.created_task_id)).label("marked"),
     ).select_from(claimed.outerjoin(inserted, true()))
-    return _Statement.compile(statement, parameters=frozenset({"delivery", "now", "lease_until"}))
+    return _Statement.compile(
+        statement, parameters=frozenset({"delivery", "now", "lease_until", "max_lost"})
+    )
 
 
 @functools.cache
@@ -342,16 +345,22 @@ class FastPath:
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
 
-    def claim_and_insert(self, delivery_pk: int, *, lease_seconds: float) -> Claimed | None:
+    def claim_and_insert(
+        self, delivery_pk: int, *, lease_seconds: float, max_lost: int
+    ) -> Claimed | None:
         """Take the lease (a new attempt) and, in the plain case, insert the task;
-        None when the delivery is finished or another worker holds it.
+        None when the delivery is finished, another worker holds it, or
+        ``max_lost`` of its attempts were lost (``models.inbox.park_lost``).
 
         Raises :class:`LostTheRace` when a rival create won the unique index.
         """
         now = utcnow()
         statement = _claim_and_insert()
         params = statement.params(
-            delivery=delivery_pk, now=now, lease_until=now + timedelta(seconds=lease_seconds)
+            delivery=delivery_pk,
+            now=now,
+            lease_until=now + timedelta(seconds=lease_seconds),
+            max_lost=max_lost,
         )
         try:
             row = self.connection.execute(statement.text, params).fetchone()

@@ -386,11 +386,18 @@ class Lease:
     retries: int = 0
 
 
-def claim_statement(*, delivery_pk, now, lease_until):
+def lost_attempts():
+    """The attempts of a row that ended without an answer it recorded (their
+    worker died, or lost its lease), since its last replay."""
+    return Delivery.attempts - Delivery.answered_attempts
+
+
+def claim_statement(*, delivery_pk, now, lease_until, max_lost=None):
     """The claim's UPDATE: a ``queued`` row, or a ``processing`` one whose lease
-    ran out, becomes this attempt's until ``lease_until``. The arguments are
-    values or bound parameters: the fast path (``models.fastpath``) builds its
-    claim on this one."""
+    ran out, becomes this attempt's until ``lease_until`` -- unless ``max_lost``
+    of its attempts were lost already (None: no limit), which is left for
+    :func:`park_lost`. The arguments are values or bound parameters: the fast
+    path (``models.fastpath``) builds its claim on this one."""
     return (
         update(Delivery)
         .where(
@@ -400,6 +407,7 @@ def claim_statement(*, delivery_pk, now, lease_until):
                 and_(
                     Delivery.status == DeliveryStatus.PROCESSING.value,
                     Delivery.lease_expires_at <= now,
+                    true() if max_lost is None else lost_attempts() < max_lost,
                 ),
             ),
         )
@@ -412,13 +420,19 @@ def claim_statement(*, delivery_pk, now, lease_until):
     )
 
 
-def claim(*, session: Session, delivery_pk: int, lease_seconds: float) -> Lease | None:
-    """Take the delivery for processing, or None when it is finished or another
-    worker holds an unexpired lease. Each claim is a new attempt number."""
+def claim(
+    *, session: Session, delivery_pk: int, lease_seconds: float, max_lost: int | None = None
+) -> Lease | None:
+    """Take the delivery for processing, or None when it is finished, another
+    worker holds an unexpired lease, or ``max_lost`` of its attempts were lost
+    (:func:`park_lost`). Each claim is a new attempt number."""
     now = utcnow()
     claimed = session.execute(
         claim_statement(
-            delivery_pk=delivery_pk, now=now, lease_until=now + timedelta(seconds=lease_seconds)
+            delivery_pk=delivery_pk,
+            now=now,
+            lease_until=now + timedelta(seconds=lease_seconds),
+            max_lost=max_lost,
         )
         .returning(Delivery.attempts, Delivery.retries)
         .execution_options(synchronize_session=False)
@@ -499,6 +513,8 @@ def defer(
     values: dict[str, object] = {
         "lease_expires_at": until,
         "retries": lease.retries + 1,
+        # This attempt ended with an answer: it is not a lost one.
+        "answered_attempts": Delivery.answered_attempts + 1,
         "updated_at": utcnow(),
     }
     if error is not None:
@@ -529,6 +545,35 @@ def fence_create(lease: Lease) -> InsertFence:
             raise LeaseTakenOver(lease)
 
     return fence
+
+
+def park_lost(*, session: Session, delivery_pk: int, max_lost: int) -> bool:
+    """Park a delivery whose lease ran out with ``max_lost`` of its attempts
+    lost as ``needs_operator``: a message that kills its worker (or keeps it
+    past its lease) every time must not take every worker down in turn, for
+    ever. Whether it did; an operator replays it once the cause is fixed."""
+    now = utcnow()
+    rows = session.execute(
+        update(Delivery)
+        .where(
+            Delivery.id == delivery_pk,
+            Delivery.status == DeliveryStatus.PROCESSING.value,
+            Delivery.lease_expires_at <= now,
+            lost_attempts() >= max_lost,
+        )
+        .values(
+            status=DeliveryStatus.NEEDS_OPERATOR.value,
+            status_reason=(
+                f"{max_lost} attempts ended without an answer (the worker died on it, or "
+                "ran past its lease, each time): parked so it takes no more workers down "
+                "(TASKHOOK_MAX_LOST_ATTEMPTS); fix the cause, then replay it"
+            ),
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return rows == 1
 
 
 # --- the sweeper and the operator ---------------------------------------------------
@@ -595,8 +640,10 @@ def replay(*, session: Session, delivery_pk: int) -> Delivery:
         )
     delivery.status = DeliveryStatus.QUEUED.value
     delivery.status_reason = "replayed by an operator"
-    # A fresh retry budget: an operator replays after fixing the cause.
+    # A fresh retry budget: an operator replays after fixing the cause; and
+    # the attempts lost so far are forgiven with it.
     delivery.retries = 0
+    delivery.answered_attempts = delivery.attempts
     if delivery.created_task_id is not None and session.get(Task, delivery.created_task_id) is None:
         # Its task was deleted before its creation settled, and the worker
         # parked it rather than create it again: replaying is the operator's

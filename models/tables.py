@@ -375,6 +375,12 @@ class Delivery(Base):
     #: tell a retry from a recovery. A server default only, so the ingress's
     #: INSERT (models.inbox.record_delivery) leaves the column out.
     retries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: How many of its ``attempts`` ended with an answer the row recorded (a
+    #: wait for a retry), counted since the last replay (which sets it to
+    #: ``attempts``): the others were lost -- their worker died, or lost its
+    #: lease. A row whose lost attempts reach TASKHOOK_MAX_LOST_ATTEMPTS is
+    #: parked rather than claimed again (``models.inbox.park_lost``).
+    answered_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     lease_expires_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
     #: The create outcome (a CreateOutcome value) and the task it named.

@@ -52,6 +52,7 @@ from models.inbox import (
     defer,
     fence_create,
     finish,
+    park_lost,
 )
 from models.providers import PROVIDERS
 from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
@@ -402,6 +403,17 @@ def process_delivery(
         misses = _LookupMisses(hooks)
         claimed = _claim(session, fast, delivery_pk, settings, misses)
         if claimed is None:
+            with transaction(session, "parking a delivery whose attempts were lost"):
+                parked = park_lost(
+                    session=session, delivery_pk=delivery_pk, max_lost=settings.max_lost_attempts
+                )
+            if parked:
+                log.error(
+                    "delivery %s parked: %d attempts ended without an answer",
+                    delivery_pk,
+                    settings.max_lost_attempts,
+                )
+                return Processed(delivery_pk, DeliveryStatus.NEEDS_OPERATOR, reason="lost attempts")
             return Processed(delivery_pk, None, reason="finished, or held by another worker")
         # The row's budget, which a crash does not refill (see above).
         lease = replace(claimed.lease, retries=max(claimed.lease.retries, retries))
@@ -452,7 +464,11 @@ def _claim(
     inserted it; None when the delivery is finished or held by another."""
     if fast is not None:
         try:
-            return fast.claim_and_insert(delivery_pk, lease_seconds=settings.lease_seconds)
+            return fast.claim_and_insert(
+                delivery_pk,
+                lease_seconds=settings.lease_seconds,
+                max_lost=settings.max_lost_attempts,
+            )
         except LostTheRace:
             # Nothing was written. The fast lookup missed and the unique index
             # caught the rival: the general path's lookup finds it, and the
@@ -462,7 +478,10 @@ def _claim(
     # transactions commit or roll back on their own.
     with transaction(session, "the lease"):
         lease = claim(
-            session=session, delivery_pk=delivery_pk, lease_seconds=settings.lease_seconds
+            session=session,
+            delivery_pk=delivery_pk,
+            lease_seconds=settings.lease_seconds,
+            max_lost=settings.max_lost_attempts,
         )
     return None if lease is None else Claimed(lease)
 
