@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from models.inbox import WEBHOOK_ORIGIN, DeliveryStatus
 from models.providers import PROVIDERS
-from models.reports import Gaps
+from models.reports import Gaps, inbox_disk_use
 from models.tables import Delivery, WebhookSource, utcnow
 
 #: The statuses ``taskhook_inbox_deliveries`` counts: every one but ``done``
@@ -46,6 +46,8 @@ class InboxReading:
     #: Each enabled source's last webhook delivery (``origin = webhook``)
     #: received, by slug; the source's creation while it has none.
     last_delivery: dict[str, datetime]
+    #: The inbox's disk, as the database measures it (``inbox_disk_use``).
+    storage_bytes: int = 0
 
 
 @dataclass
@@ -129,6 +131,12 @@ class IngressMetrics:
             "interval while the sweeper runs (0: none waits).",
             registry=self.registry,
         )
+        self.inbox_storage = Gauge(
+            "taskhook_inbox_storage_bytes",
+            "Disk the inbox takes, as the database measures it: PostgreSQL's "
+            "pg_total_relation_size('deliveries'), SQLite's pages in use.",
+            registry=self.registry,
+        )
         self.source_last_delivery = Gauge(
             "taskhook_source_last_delivery_timestamp_seconds",
             "When the enabled source's last webhook delivery was received, or when the "
@@ -194,9 +202,10 @@ class IngressMetrics:
             self.catchup_last_failed.labels("-").set(max(int(r.error is not None) for r in runs))
 
     def read_inbox(self, *, session: Session, now: datetime | None = None) -> InboxReading:
-        """What :meth:`show_inbox` shows, in three indexed queries: the counted
+        """What :meth:`show_inbox` shows, in three indexed queries -- the counted
         statuses' rows (``ix_deliveries_status_updated_at``), the enabled
-        sources, and the deliveries stored since the last scrapes (by key)."""
+        sources, and the deliveries stored since the last scrapes (by key) --
+        and the database's measure of the inbox's disk."""
         now = now or utcnow()
         counts = dict.fromkeys(COUNTED_STATUSES, 0)
         received = updated = None
@@ -228,6 +237,8 @@ class IngressMetrics:
             oldest_queued_received_at=received,
             oldest_queued_updated_at=updated,
             last_delivery=sources,
+            # The database's own measure only: counting the bodies reads every row.
+            storage_bytes=inbox_disk_use(session=session, count_bodies=False).storage_bytes,
         )
 
     def show_inbox(
@@ -241,6 +252,7 @@ class IngressMetrics:
             return 0.0 if since is None else max(0.0, (reading.now - since).total_seconds())
 
         self.oldest_queued_age.set(waited(reading.oldest_queued_received_at))
+        self.inbox_storage.set(reading.storage_bytes)
         self.sweeper_lag.set(
             max(0.0, waited(reading.oldest_queued_updated_at) - queued_grace_seconds)
         )

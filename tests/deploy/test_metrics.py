@@ -212,3 +212,16 @@ def test_an_unexpected_error_on_a_webhook_route_is_counted(ingress, monkeypatch)
     assert value(families, errors, provider="jira") == 0
     assert value(families, errors, provider="gitlab") == 0
     assert value(families, "taskhook_ingress_seconds_count", provider="github") == 2
+
+
+def test_the_inbox_s_disk_as_the_database_measures_it(ingress, sourced: Store):
+    with ingress() as client:
+        before = value(scraped(client), "taskhook_inbox_storage_bytes")
+        assert before > 0  # a table and its indexes take pages even when empty
+        for name in GITHUB_CREATES:
+            assert post(client, "github", name).status_code == 202
+        with session_scope(sourced.sessions) as session:
+            # Bodies too large for a page: PostgreSQL keeps them in TOAST,
+            # SQLite in overflow pages; either way the storage grows.
+            session.execute(update(Delivery).values(body=b"x" * 300_000))
+        assert value(scraped(client), "taskhook_inbox_storage_bytes") > before
