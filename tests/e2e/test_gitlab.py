@@ -1,7 +1,7 @@
 """GitLab from fixture to task with real processes, as tests/e2e/test_pipeline.py
 does for GitHub and Jira: uvicorn takes the documented bodies with GitLab's
-headers, the relay hands them to Redis, a Celery worker makes the tasks in
-PostgreSQL. Nothing here is mocked."""
+headers, the relay hands them to the broker (Redis, then RabbitMQ), a Celery
+worker makes the tasks in PostgreSQL. Nothing here is mocked."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from tests.deliveries import fixture, gitlab_headers
 from tests.e2e.conftest import Ingress, StartWorker, finished, wait_until
 
 pytestmark = pytest.mark.e2e
+#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+ON_EVERY_BROKER = True
 
 TOKEN = "e2e-gitlab-token"
 
