@@ -36,6 +36,7 @@ from tests.e2e.conftest import (
     wait_until,
     worker_environment,
 )
+from tests.reliability.invariants import assert_invariants
 from tests.reliability.traffic import JIRA_SITE, Delivery
 
 #: A fail point's line:
@@ -289,3 +290,15 @@ def taskhook(database_url: str, broker_url: str, log, *args: str) -> subprocess.
     with log.open("a") as output:
         output.write(f"$ taskhook {' '.join(args)}\n{done.stdout}{done.stderr}\n")
     return done
+
+
+def assert_each_jira_issue_done_once(
+    sessions: sessionmaker[Session], engine: Engine, workspace_id: int, prefix: str, count: int
+) -> None:
+    """Issues ``{prefix}-1`` to ``{prefix}-{count}`` (Jira's) each became one
+    task, created by a delivery that is done; and the invariants hold."""
+    assert tasks_by_external_id(sessions, workspace_id) == {
+        f"jira:{prefix}-{n}": 1 for n in range(1, count + 1)
+    }
+    assert outcomes(sessions, workspace_id) == {("done", "created"): count}
+    assert_invariants(engine)

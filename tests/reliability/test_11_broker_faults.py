@@ -24,14 +24,12 @@ from kombu import Connection
 
 from tests.brokers import PrivateRabbitMQ
 from tests.reliability.conftest import scaled
-from tests.reliability.invariants import assert_invariants
 from tests.reliability.services import PrivateRedis
 from tests.reliability.stack import (
     add_tenant,
+    assert_each_jira_issue_done_once,
     database_view,
     kill_process,
-    outcomes,
-    tasks_by_external_id,
     wait_drained,
 )
 from tests.reliability.traffic import post_all
@@ -108,14 +106,6 @@ def views(shared_database):
         engine.dispose()
 
 
-def _all_once(sessions, engine, tenant, prefix: str, count: int) -> None:
-    assert tasks_by_external_id(sessions, tenant.workspace_id) == {
-        f"jira:{prefix}-{n}": 1 for n in range(1, count + 1)
-    }
-    assert outcomes(sessions, tenant.workspace_id) == {("done", "created"): count}
-    assert_invariants(engine)
-
-
 def test_a_worker_killed_mid_burst_loses_nothing_and_doubles_nothing(
     broker, stack, views, secret_book, figures
 ):
@@ -138,7 +128,7 @@ def test_a_worker_killed_mid_burst_loses_nothing_and_doubles_nothing(
     stack.worker("survivor")
     poster.join(timeout=60)
     drained = wait_drained(sessions, expected=count, timeout=180, logs=stack.processes)
-    _all_once(sessions, engine, tenant, prefix, count)
+    assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
         SCENARIO,
         **{f"{broker.kind}_killed_worker_deliveries": count},
@@ -165,7 +155,7 @@ def test_a_broker_restarted_with_messages_queued_loses_no_delivery(
     stack.beat()
     stack.worker("after-restart")
     drained = wait_drained(sessions, expected=count, timeout=180, logs=stack.processes)
-    _all_once(sessions, engine, tenant, prefix, count)
+    assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
         SCENARIO,
         **{f"{broker.kind}_restart_messages_before": before},
@@ -202,7 +192,7 @@ def test_a_broker_stopped_while_deliveries_arrive_loses_nothing(
     outage.join(timeout=120)
     assert answers.statuses() == {202: count}, answers.statuses()
     drained = wait_drained(sessions, expected=count, timeout=240, logs=stack.processes)
-    _all_once(sessions, engine, tenant, prefix, count)
+    assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
         SCENARIO,
         **{f"{broker.kind}_stopped_deliveries": count},

@@ -81,6 +81,7 @@ from tests.reliability.conftest import scaled
 from tests.reliability.invariants import assert_invariants
 from tests.reliability.stack import (
     add_tenant,
+    assert_each_jira_issue_done_once,
     database_view,
     outcomes,
     swept_in,
@@ -372,14 +373,6 @@ def deployment(request, network, broker, shared_database, module_logs) -> Iterat
         built.stop()
 
 
-def _all_once(sessions, engine, tenant, prefix: str, count: int) -> None:
-    assert tasks_by_external_id(sessions, tenant.workspace_id) == {
-        f"jira:{prefix}-{n}": 1 for n in range(1, count + 1)
-    }
-    assert outcomes(sessions, tenant.workspace_id) == {("done", "created"): count}
-    assert_invariants(engine)
-
-
 def _reclaimed(engine, workspace_id: int) -> int:
     """The workspace's deliveries claimed more than once: a lease that ran out
     (its worker cut off) and a second worker's claim."""
@@ -417,7 +410,7 @@ def test_the_procfile_split_over_four_hosts_does_every_delivery_once(
     answers = _post(deployment, tenant, prefix, count)
     drained = wait_drained(sessions, expected=count, timeout=120, logs=deployment.all)
     seconds = time.monotonic() - started
-    _all_once(sessions, engine, tenant, prefix, count)
+    assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
 
     wait_until(deployment.sweeps, timeout=10, what="a sweep (beat -> broker -> a worker)")
     done = deployment.done_by()
@@ -484,7 +477,7 @@ def test_a_worker_cut_off_mid_batch_loses_nothing_and_doubles_nothing(
     swept_while_cut = deployment.swept() - swept_before
     if SOAK:
         time.sleep(30)  # a long partition: the cut worker's connections give up
-    _all_once(sessions, engine, tenant, prefix, count)
+    assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
 
     hosts.restore(cut_host)
     restored_at = time.monotonic()
@@ -562,7 +555,7 @@ def test_a_slow_lossy_link_to_one_worker_loses_nothing_and_doubles_nothing(
         after = deployment.done_by()
         done[phase] = {role: after[role] - before[role] for role in WORKERS}
         swept[phase] = deployment.swept() - swept_before
-        _all_once(sessions, engine, tenant, prefix, count)
+        assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     drops = hosts.drops(slow_host)
     network.heal()
     assert sum(done["bad"].values()) == count, done
