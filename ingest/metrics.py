@@ -3,7 +3,6 @@ apps in one test process never share counters)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,9 +14,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from models.inbox import WEBHOOK_ORIGIN, DeliveryStatus
+from models.inbox import DeliveryStatus
 from models.providers import PROVIDERS
-from models.reports import Gaps, inbox_disk_use
+from models.reports import Gaps, LastDeliveries, inbox_disk_use
 from models.tables import Delivery, WebhookSource, utcnow
 
 #: The statuses ``taskhook_inbox_deliveries`` counts: every one but ``done``
@@ -144,7 +143,8 @@ class IngressMetrics:
             ["source"],
             registry=self.registry,
         )
-        self._last_deliveries = _LastDeliveries()
+        #: Shared with the console's sources page: one reader per process.
+        self.last_deliveries = LastDeliveries()
 
         self.uncovered_downtime = Gauge(
             "taskhook_uncovered_downtime_seconds",
@@ -222,7 +222,7 @@ class IngressMetrics:
             counts[DeliveryStatus(status)] = count
             if status == DeliveryStatus.QUEUED:
                 received, updated = oldest_received, oldest_updated
-        last = self._last_deliveries.read(session)
+        last = self.last_deliveries.read(session)
         sources = {
             slug: last.get(source_id, created_at)
             for source_id, slug, created_at in session.execute(
@@ -280,37 +280,6 @@ class IngressMetrics:
         if child is None:
             child = self._children[key] = getattr(self, metric).labels(*labels)
         return child
-
-
-class _LastDeliveries:
-    """Each source's last webhook delivery received, by source id, kept across
-    scrapes: a scrape reads only the rows stored since the one before the last
-    (by key, the primary key's range), never the whole inbox -- but the first
-    scrape of a process, which reads it once. Reading from one scrape further
-    back than needed takes in the rows of transactions that took their key
-    before the last scrape and committed after it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last: dict[int, datetime] = {}
-        #: The highest key the scrape before the last one saw, and the last one.
-        self._scan_after = 0
-        self._seen = 0
-
-    def read(self, session: Session) -> dict[int, datetime]:
-        with self._lock:
-            newest = self._seen
-            for source_id, received_at, key in session.execute(
-                select(Delivery.source_id, func.max(Delivery.received_at), func.max(Delivery.id))
-                .where(Delivery.id > self._scan_after, Delivery.origin == WEBHOOK_ORIGIN)
-                .group_by(Delivery.source_id)
-            ):
-                known = self._last.get(source_id)
-                if known is None or received_at > known:
-                    self._last[source_id] = received_at
-                newest = max(newest, key)
-            self._scan_after, self._seen = self._seen, newest
-            return dict(self._last)
 
 
 class _UnexpectedErrors(Collector):

@@ -76,6 +76,22 @@ class SourceNotFound(TaskStoreError, LookupError):
         super().__init__(f"no webhook source named {slug!r}")
 
 
+class TokenNotFound(TaskStoreError, LookupError):
+    """No such token, or one the caller may not manage (one answer for both)."""
+
+    kind = ErrorKind.NOT_FOUND
+
+    def __init__(self, token_id: int) -> None:
+        super().__init__(f"no token with id {token_id}")
+
+
+class OperationNotFound(TaskStoreError, LookupError):
+    kind = ErrorKind.NOT_FOUND
+
+    def __init__(self, operation_id: int) -> None:
+        super().__init__(f"operation {operation_id} not found")
+
+
 # --- invalid ---------------------------------------------------------------------------
 
 
@@ -101,6 +117,20 @@ class InvalidWorkspace(TaskStoreError, ValueError):
 
 
 class InvalidToken(TaskStoreError, ValueError):
+    kind = ErrorKind.INVALID
+
+
+class InvalidFilter(TaskStoreError, ValueError):
+    """A delivery filter that cannot be applied: an unknown status, an empty
+    or reversed time range, a search longer than any key it could match."""
+
+    kind = ErrorKind.INVALID
+
+
+class InvalidOperation(TaskStoreError, ValueError):
+    """A bulk operation without a usable name or operator, or with an
+    impossible expected count."""
+
     kind = ErrorKind.INVALID
 
 

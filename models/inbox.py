@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
-from models.tables import Delivery, Task, sql_constant, utcnow
+from models.tables import Delivery, Task, WebhookSource, sql_constant, utcnow
 from models.tasks import InsertFence, NewTask
 
 #: ``deliveries.origin`` of a delivery its sender posted to the ingress.
@@ -82,6 +82,11 @@ REPLAYABLE = frozenset(
         DeliveryStatus.MISMATCH,
     }
 )
+#: What a bulk replay (``models.operations``) queues again: the deliveries
+#: that wait for a person after a failure whose cause the operator fixed. A
+#: replay or a mismatch is a body someone resent: each is replayed on its own
+#: (:func:`replay`), once the operator knows the sender is genuine.
+BULK_REPLAYABLE = frozenset({DeliveryStatus.NEEDS_OPERATOR, DeliveryStatus.DEAD})
 #: What a stored row that made, and will make, no task is: a later body
 #: under its delivery id that is a create goes through on its own record.
 CREATES_NOTHING = frozenset(
@@ -625,21 +630,35 @@ def replay(*, session: Session, delivery_pk: int) -> Delivery:
     delivery = session.get(Delivery, delivery_pk)
     if delivery is None:
         raise DeliveryNotFound(delivery_pk)
+    replay_delivery(session=session, delivery=delivery)
+    session.flush()
+    return delivery
+
+
+def replay_delivery(
+    *,
+    session: Session,
+    delivery: Delivery,
+    reason: str = "replayed by an operator",
+    statuses: frozenset[DeliveryStatus] = REPLAYABLE,
+) -> None:
+    """Queue ``delivery`` again, as a replay does: the one per-row change of
+    :func:`replay` and of a bulk replay (``models.operations``). Raises
+    :class:`NotReplayable` when its body was dropped or its status is not one
+    of ``statuses``. The caller flushes and commits."""
     if delivery.body_dropped_at is not None:
         note = body_dropped_note(
             received_at=delivery.received_at, dropped_at=delivery.body_dropped_at
         )
         raise NotReplayable(
-            f"delivery {delivery_pk} cannot be replayed: {note}, only its record is kept"
+            f"delivery {delivery.id} cannot be replayed: {note}, only its record is kept"
         )
-    if delivery.status not in REPLAYABLE:
+    if delivery.status not in statuses:
         raise NotReplayable(
-            f"delivery {delivery_pk} is {delivery.status}; only "
-            f"{', '.join(sorted(REPLAYABLE)[:-1])} or {sorted(REPLAYABLE)[-1]} deliveries "
-            "can be replayed"
+            f"delivery {delivery.id} is {delivery.status}; {only_replayable(statuses)}"
         )
     delivery.status = DeliveryStatus.QUEUED.value
-    delivery.status_reason = "replayed by an operator"
+    delivery.status_reason = reason
     # A fresh retry budget: an operator replays after fixing the cause; and
     # the attempts lost so far are forgiven with it.
     delivery.retries = 0
@@ -655,16 +674,91 @@ def replay(*, session: Session, delivery_pk: int) -> Delivery:
         setattr(delivery, column, None)
     delivery.lease_expires_at = None
     delivery.updated_at = utcnow()
-    session.flush()
-    return delivery
 
 
-def counts_by_status(*, session: Session) -> dict[str, int]:
-    rows = session.execute(select(Delivery.status, func.count()).group_by(Delivery.status)).all()
+def only_replayable(statuses: frozenset[DeliveryStatus]) -> str:
+    """``only dead or needs_operator deliveries can be replayed``, for ``statuses``."""
+    names = sorted(statuses)
+    listed = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+    return f"only {listed} deliveries can be replayed"
+
+
+def of_workspaces(workspace_ids: frozenset[int] | None):
+    """The condition on deliveries that keeps those of the workspaces'
+    sources; None: every workspace (an empty set keeps none)."""
+    if workspace_ids is None:
+        return true()
+    return Delivery.source_id.in_(
+        select(WebhookSource.id).where(WebhookSource.workspace_id.in_(sorted(workspace_ids)))
+    )
+
+
+#: How much later a row may have been received than a row with a higher key
+#: (see :func:`first_received_since`): a writer that waited for SQLite's lock
+#: (TASKHOOK_SQLITE_BUSY_TIMEOUT_MS, 5 s by default), clocks of several
+#: ingress hosts a little apart. Searches by time widen their range by it.
+KEY_ORDER_SLACK = timedelta(minutes=1)
+
+
+def first_received_since(*, session: Session, since: datetime) -> int | None:
+    """The key of the first delivery received at or after ``since``, or None
+    when none was; found without an index on ``received_at`` (there is none,
+    and the ingress's insert should not pay for one), by a binary search over
+    the primary key: about 31 lookups by key, whatever the inbox holds.
+
+    Keys grow with the time a row is received: every row gets ``received_at =
+    now`` in :func:`delivery_values` just before its INSERT allocates the key
+    -- webhook deliveries (also the ingress's psycopg writer, which uses the
+    same values) and catch-up ones alike (``worker.catchup.service`` stores
+    through :func:`record_delivery`). Only a transaction that waited for a
+    lock between the two, or clocks of several ingress hosts, put a row's key
+    slightly out of order: callers search :data:`KEY_ORDER_SLACK` wider and
+    filter on ``received_at`` exactly. Gaps (rows the retention policy
+    deleted) are skipped: each probe reads the first row at or after its key.
+    """
+    probe = (
+        select(Delivery.id, Delivery.received_at)
+        .where(Delivery.id >= bindparam("at_least"))
+        .order_by(Delivery.id)
+        .limit(1)
+    )
+    low = session.scalar(select(func.min(Delivery.id)))
+    high = session.scalar(select(func.max(Delivery.id)))
+    if low is None or high is None:
+        return None
+    found = None
+    # Invariant: every row below ``low`` was received before ``since``; the
+    # row ``found`` (if any) was received at or after it, and none between
+    # ``high`` and ``found`` exists or was received before.
+    while low <= high:
+        middle = (low + high) // 2
+        row = session.execute(probe, {"at_least": middle}).one_or_none()
+        if row is None or row.id > high:
+            high = middle - 1
+        elif row.received_at >= since:
+            found, high = row.id, middle - 1
+        else:
+            low = row.id + 1
+    return found
+
+
+def counts_by_status(
+    *, session: Session, workspace_ids: frozenset[int] | None = None
+) -> dict[str, int]:
+    """Deliveries by status, of the workspaces' sources (None: every workspace)."""
+    rows = session.execute(
+        select(Delivery.status, func.count())
+        .where(of_workspaces(workspace_ids))
+        .group_by(Delivery.status)
+    ).all()
     return {status.value: 0 for status in DeliveryStatus} | dict(rows)
 
 
-def oldest_queued_at(*, session: Session) -> datetime | None:
+def oldest_queued_at(
+    *, session: Session, workspace_ids: frozenset[int] | None = None
+) -> datetime | None:
     return session.scalar(
-        select(func.min(Delivery.received_at)).where(Delivery.status == DeliveryStatus.QUEUED.value)
+        select(func.min(Delivery.received_at)).where(
+            Delivery.status == DeliveryStatus.QUEUED.value, of_workspaces(workspace_ids)
+        )
     )

@@ -13,17 +13,33 @@ allowlist at the ingress) are filtered again here before they are shown.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, or_, select, text
+from sqlalchemy import Integer, cast, func, or_, select, text
 from sqlalchemy.orm import Session
 
-from models.errors import DeliveryNotFound, InvalidExternalId, WorkspaceNotAccessible
+from models.errors import (
+    DeliveryNotFound,
+    InvalidExternalId,
+    InvalidFilter,
+    WorkspaceNotAccessible,
+)
 from models.events import EventType
 from models.external_id import normalize_external_id
-from models.inbox import DeliveryStatus, body_dropped_note, counts_by_status, oldest_queued_at
+from models.inbox import (
+    KEY_ORDER_SLACK,
+    WEBHOOK_ORIGIN,
+    DeliveryStatus,
+    body_dropped_note,
+    counts_by_status,
+    first_received_since,
+    of_workspaces,
+    oldest_queued_at,
+)
+from models.operations import DeliveryFilter
 from models.providers import UNKNOWN_EVENT
 from models.tables import (
     CatchUpRun,
@@ -111,21 +127,77 @@ class SourceSummary:
     enabled: bool
     active_secrets: int
     created_at: datetime
+    #: When its newest webhook delivery was received; None: it has none. A
+    #: catch-up's rows do not count: they say the webhook did not get through.
+    last_delivery_at: datetime | None = None
+
+    @property
+    def rotating(self) -> bool:
+        """A secret rotation is under way: more than one secret verifies."""
+        return self.active_secrets > 1
 
 
-def list_source_summaries(*, session: Session) -> list[SourceSummary]:
+class LastDeliveries:
+    """Each source's last webhook delivery received, by source id, kept across
+    reads: a read takes in only the rows stored since the one before the last
+    (by key, the primary key's range), never the whole inbox -- but the first
+    read, which reads it once. Reading from one read further back than needed
+    takes in the rows of transactions that took their key before the last
+    read and committed after it.
+
+    Keep one per process and pass it on every read (the metrics' scrape, the
+    console's sources page): that is what makes a read cheap."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, datetime] = {}
+        #: The highest key the read before the last one saw, and the last one.
+        self._scan_after = 0
+        self._seen = 0
+
+    def read(self, session: Session) -> dict[int, datetime]:
+        with self._lock:
+            newest = self._seen
+            for source_id, received_at, key in session.execute(
+                select(Delivery.source_id, func.max(Delivery.received_at), func.max(Delivery.id))
+                .where(Delivery.id > self._scan_after, Delivery.origin == WEBHOOK_ORIGIN)
+                .group_by(Delivery.source_id)
+            ):
+                known = self._last.get(source_id)
+                if known is None or received_at > known:
+                    self._last[source_id] = received_at
+                newest = max(newest, key)
+            self._scan_after, self._seen = self._seen, newest
+            return dict(self._last)
+
+
+def list_source_summaries(
+    *,
+    session: Session,
+    workspace_ids: frozenset[int] | None = None,
+    last_deliveries: LastDeliveries | None = None,
+) -> list[SourceSummary]:
+    """The sources of ``workspace_ids`` (None: every workspace), by slug.
+
+    Their last deliveries come from ``last_deliveries``, which reads only the
+    rows stored since its last read; without one, a new one reads the inbox
+    once (fine for a command run now and then, not for a page shown often)."""
     active = (
         select(SourceSecret.source_id, func.count().label("n"))
         .where(SourceSecret.retired_at.is_(None))
         .group_by(SourceSecret.source_id)
         .subquery()
     )
-    rows = session.execute(
+    query = (
         select(WebhookSource, Workspace.slug, func.coalesce(active.c.n, 0))
         .join(Workspace, Workspace.id == WebhookSource.workspace_id)
         .outerjoin(active, active.c.source_id == WebhookSource.id)
         .order_by(WebhookSource.slug)
-    ).all()
+    )
+    if workspace_ids is not None:
+        query = query.where(WebhookSource.workspace_id.in_(sorted(workspace_ids)))
+    rows = session.execute(query).all()
+    last = (last_deliveries or LastDeliveries()).read(session)
     return [
         SourceSummary(
             id=source.id,
@@ -137,6 +209,7 @@ def list_source_summaries(*, session: Session) -> list[SourceSummary]:
             enabled=source.enabled,
             active_secrets=secret_count,
             created_at=source.created_at,
+            last_delivery_at=last.get(source.id),
         )
         for source, workspace_slug, secret_count in rows
     ]
@@ -248,17 +321,22 @@ def list_deliveries(
     status: DeliveryStatus | str | None = None,
     limit: int = 50,
     before: int | None = None,
+    filter: DeliveryFilter | None = None,
 ) -> DeliveryPage:
-    """Deliveries newest first, optionally of one status, one page at a time.
+    """Deliveries newest first, those ``filter`` matches (or, without one, of
+    ``status``), one page at a time.
 
     Paging is by key (``before`` = the smallest id already seen), so a page
-    stays correct while new deliveries arrive at the top.
+    stays correct while new deliveries arrive at the top. Raises
+    :class:`InvalidFilter` for an unknown ``status``.
     """
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}")
-    query = _summary_query()
-    if status is not None:
-        query = query.where(Delivery.status == DeliveryStatus(status).value)
+    if filter is None:
+        filter = DeliveryFilter(status=status)
+    elif status is not None:
+        raise ValueError("give the status in the filter")
+    query = _summary_query().where(*filter.conditions(session=session))
     if before is not None:
         query = query.where(Delivery.id < before)
     # One extra row says whether another page exists without a COUNT.
@@ -295,11 +373,20 @@ def show_delivery(*, session: Session, delivery_pk: int) -> DeliveryDetail:
 
 def shown_headers(headers: dict[str, str]) -> dict[str, str]:
     """``headers`` without any that could carry a signature or a credential."""
-    return {
-        name: value
-        for name, value in sorted(headers.items())
-        if not any(word in name.lower() for word in _HIDDEN_HEADER_WORDS)
-    }
+    return {name: value for name, value in sorted(headers.items()) if not _hidden(name)}
+
+
+def redacted_headers(headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with the value of any that could carry a signature or a
+    credential replaced by ``redacted``: the console shows that one was sent."""
+    return {name: REDACTED if _hidden(name) else value for name, value in sorted(headers.items())}
+
+
+REDACTED = "redacted"
+
+
+def _hidden(name: str) -> bool:
+    return any(word in name.lower() for word in _HIDDEN_HEADER_WORDS)
 
 
 # --- an identity's lineage -----------------------------------------------------------
@@ -600,11 +687,17 @@ class InboxStats:
     unknown_events: int = 0
 
 
-def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
+def inbox_stats(
+    *,
+    session: Session,
+    now: datetime | None = None,
+    workspace_ids: frozenset[int] | None = None,
+) -> InboxStats:
     """Deliveries by status, how long the oldest queued one has waited since it
     was received (the number that falls back to zero after a lost broker), and
-    how many were ignored as unknown events."""
-    oldest = oldest_queued_at(session=session)
+    how many were ignored as unknown events: of the sources of
+    ``workspace_ids`` (None: every workspace)."""
+    oldest = oldest_queued_at(session=session, workspace_ids=workspace_ids)
     now = now or utcnow()
     age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else None
     # The ingress starts such a delivery's reason with UNKNOWN_EVENT; no column
@@ -613,9 +706,107 @@ def inbox_stats(*, session: Session, now: datetime | None = None) -> InboxStats:
         select(func.count()).where(
             Delivery.status == DeliveryStatus.IGNORED.value,
             Delivery.status_reason.startswith(UNKNOWN_EVENT, autoescape=True),
+            of_workspaces(workspace_ids),
         )
     )
-    return InboxStats(counts_by_status(session=session), oldest, age, unknown or 0)
+    counts = counts_by_status(session=session, workspace_ids=workspace_ids)
+    return InboxStats(counts, oldest, age, unknown or 0)
+
+
+#: The longest stretch :func:`deliveries_per_minute` charts, minute by minute.
+MAX_RATE_MINUTES = 7 * 24 * 60
+
+
+@dataclass(frozen=True)
+class DeliveryRate:
+    """Deliveries received per minute, by status, for a chart."""
+
+    #: Every minute of the stretch, oldest first (each its start, in UTC).
+    minutes: list[datetime]
+    #: For each status that occurs, one count per minute of ``minutes``.
+    counts: dict[str, list[int]]
+
+
+def deliveries_per_minute(
+    *,
+    session: Session,
+    since: datetime,
+    now: datetime | None = None,
+    workspace_ids: frozenset[int] | None = None,
+) -> DeliveryRate:
+    """Deliveries of ``workspace_ids``'s sources (None: every workspace)
+    received each minute, from the minute ``since`` falls in to the one ``now``
+    falls in, by their status now. Minutes without any count 0.
+
+    ``received_at`` has no index (the ingress's insert would pay for it on
+    every delivery): the stretch's first key is found by a binary search over
+    the primary key (``models.inbox.first_received_since``), then that range
+    of keys is counted in one query, grouped by minute.
+    """
+    now = now or utcnow()
+    if since.tzinfo is None or now.tzinfo is None:
+        raise InvalidFilter("since and now must say their time zone")
+    start = since.astimezone(UTC).replace(second=0, microsecond=0)
+    end = now.astimezone(UTC).replace(second=0, microsecond=0)
+    if start > end:
+        raise InvalidFilter("since must not be after now")
+    span = int((end - start).total_seconds()) // 60 + 1
+    if span > MAX_RATE_MINUTES:
+        raise InvalidFilter(f"a chart by minute covers at most {MAX_RATE_MINUTES // 1440} days")
+    minutes = [start + timedelta(minutes=n) for n in range(span)]
+    counts: dict[str, list[int]] = {}
+    first = first_received_since(session=session, since=start - KEY_ORDER_SLACK)
+    if first is None:
+        return DeliveryRate(minutes, counts)
+    bucket = _minute_of(session, Delivery.received_at).label("minute")
+    rows = session.execute(
+        select(bucket, Delivery.status, func.count())
+        .where(
+            Delivery.id >= first,
+            Delivery.received_at >= start,
+            Delivery.received_at <= now,
+            of_workspaces(workspace_ids),
+        )
+        .group_by(bucket, Delivery.status)
+    ).all()
+    first_minute = int(start.timestamp()) // 60
+    for minute, status, count in rows:
+        index = int(minute) - first_minute
+        if 0 <= index < span:
+            counts.setdefault(status, [0] * span)[index] += count
+    return DeliveryRate(minutes, dict(sorted(counts.items())))
+
+
+def _minute_of(session: Session, column):
+    """The minute ``column`` falls in, as whole minutes since the epoch (UTC).
+
+    Numbers, not truncated timestamps: PostgreSQL's ``date_trunc`` on a
+    ``timestamptz`` truncates in the session's time zone. SQLite stores a
+    UTCDateTime as UTC text (``2026-12-02 10:15:30.123456``, models.tables),
+    which ``strftime('%s', ...)`` reads as UTC.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        return cast(func.floor(func.extract("epoch", column) / 60), Integer)
+    return cast(func.strftime("%s", column), Integer) // 60
+
+
+#: How many of the newest deliveries :func:`known_events` reads.
+KNOWN_EVENTS_WINDOW = 10_000
+
+
+def known_events(*, session: Session, workspace_ids: frozenset[int] | None = None) -> list[str]:
+    """The events of the newest deliveries (by key) of ``workspace_ids``'s
+    sources, sorted: what a filter's event menu offers. Read from the newest
+    :data:`KNOWN_EVENTS_WINDOW` only, so the menu costs the same whatever the
+    inbox holds."""
+    newest = (
+        select(Delivery.event)
+        .where(of_workspaces(workspace_ids))
+        .order_by(Delivery.id.desc())
+        .limit(KNOWN_EVENTS_WINDOW)
+        .subquery()
+    )
+    return sorted(session.scalars(select(newest.c.event).distinct()))
 
 
 @dataclass(frozen=True)

@@ -489,3 +489,46 @@ class EventStream(Base):
         ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
     )
     last_position: Mapped[int] = mapped_column(Integer)
+
+
+class ConsoleSession(Base):
+    """A browser's sign-in to the console (``ingest.console``): the cookie
+    holds a random session key, of which only a hash is kept, so a database
+    leak signs nobody in. The session acts as its token, and ends with it:
+    signing out deletes the row, and a revoked token's sessions are refused."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True
+    )
+    #: Every form the console serves to this session carries it; an action
+    #: without it is refused (cross-site request forgery).
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class Operation(Base):
+    """An operator's bulk action, kept as the operations history: what was
+    asked (``criteria``), by whom, under which name, and what it did."""
+
+    __tablename__ = "operations"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: ``bulk-replay``: every replayable delivery matching ``criteria`` queued again.
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(200))
+    operator: Mapped[str] = mapped_column(String(200))
+    #: The filter as given (``models.operations.DeliveryFilter``), as JSON.
+    criteria: Mapped[dict] = mapped_column(JSON)
+    #: The dry run's count the operator saw; then what the run found and did.
+    expected: Mapped[int | None] = mapped_column(Integer)
+    matched: Mapped[int] = mapped_column(Integer, default=0)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.access import Caller
-from models.errors import InvalidRelease, InvalidToken
-from models.tables import ApiToken, ApiTokenWorkspace, Workspace, utcnow
+from models.errors import InvalidRelease, InvalidToken, TokenNotFound
+from models.tables import MAX_ROW_ID, ApiToken, ApiTokenWorkspace, Workspace, utcnow
 from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
 TOKEN_PREFIX = "th_"
@@ -99,6 +99,11 @@ def authenticate(*, session: Session, token: str) -> Principal | None:
     )
     if record is None:
         return None
+    return principal_of(session=session, record=record)
+
+
+def principal_of(*, session: Session, record: ApiToken) -> Principal:
+    """The principal acting as token ``record`` (revoked or not: the caller checks)."""
     workspaces = session.scalars(
         select(ApiTokenWorkspace.workspace_id).where(ApiTokenWorkspace.token_id == record.id)
     )
@@ -110,19 +115,61 @@ def authenticate(*, session: Session, token: str) -> Principal | None:
     )
 
 
-def list_tokens(*, session: Session) -> list[tuple[ApiToken, list[int]]]:
-    tokens = session.scalars(select(ApiToken).order_by(ApiToken.id)).all()
-    links = session.execute(select(ApiTokenWorkspace.token_id, ApiTokenWorkspace.workspace_id))
+def _workspaces_of(session: Session, token_ids: Iterable[int] | None) -> dict[int, list[int]]:
+    query = select(ApiTokenWorkspace.token_id, ApiTokenWorkspace.workspace_id)
+    if token_ids is not None:
+        query = query.where(ApiTokenWorkspace.token_id.in_(list(token_ids)))
     workspaces: dict[int, list[int]] = {}
-    for token_id, workspace_id in links:
+    for token_id, workspace_id in session.execute(query):
         workspaces.setdefault(token_id, []).append(workspace_id)
-    return [(token, sorted(workspaces.get(token.id, []))) for token in tokens]
+    return {token_id: sorted(ids) for token_id, ids in workspaces.items()}
 
 
-def revoke_token(*, session: Session, token_id: int) -> ApiToken:
-    record = session.get(ApiToken, token_id)
+def list_tokens(
+    *, session: Session, workspace_ids: frozenset[int] | None = None
+) -> list[tuple[ApiToken, list[int]]]:
+    """Every token with the workspaces it may see, by id; with
+    ``workspace_ids``, the tokens that may see at least one of them, each
+    with only those of its workspaces (the others are not the caller's to see)."""
+    query = select(ApiToken).order_by(ApiToken.id)
+    if workspace_ids is not None:
+        query = query.where(
+            ApiToken.id.in_(
+                select(ApiTokenWorkspace.token_id).where(
+                    ApiTokenWorkspace.workspace_id.in_(sorted(workspace_ids))
+                )
+            )
+        )
+    tokens = session.scalars(query).all()
+    workspaces = _workspaces_of(session, None if workspace_ids is None else [t.id for t in tokens])
+    return [
+        (
+            token,
+            [
+                w
+                for w in workspaces.get(token.id, [])
+                if workspace_ids is None or w in workspace_ids
+            ],
+        )
+        for token in tokens
+    ]
+
+
+def revoke_token(
+    *, session: Session, token_id: int, workspace_ids: frozenset[int] | None = None
+) -> ApiToken:
+    """Revoke the token (again: a no-op). With ``workspace_ids``, only a token
+    all of whose workspaces are among them: another is :class:`TokenNotFound`,
+    like an unknown id, so a caller learns nothing of tokens beyond its scope."""
+    record = session.get(ApiToken, token_id) if 1 <= token_id <= MAX_ROW_ID else None
     if record is None:
-        raise InvalidToken(f"no token with id {token_id}")
+        raise TokenNotFound(token_id)
+    if workspace_ids is not None:
+        # A token that sees no workspace any more (they were deleted) is no
+        # scoped caller's either.
+        its_workspaces = set(_workspaces_of(session, [token_id]).get(token_id, []))
+        if not its_workspaces or not its_workspaces <= workspace_ids:
+            raise TokenNotFound(token_id)
     if record.revoked_at is None:
         record.revoked_at = utcnow()
         session.flush()

@@ -1,9 +1,10 @@
 """The ``taskhook`` CLI against real databases (SQLite and PostgreSQL), through click.
 
-Commands that send a Celery message (``release``, ``deliveries replay``) get a
-fake app through ``worker.cli.load_celery_app``: it records what would be
-sent and answers as the operator worker would, running the real service
-function against the same database. The round trip through a real broker and
+Commands that send a Celery message (``release``, ``deliveries replay``,
+``deliveries replay-matching``) get a fake app through
+``worker.cli.load_celery_app``: it records what would be sent and answers as
+the operator worker would, running the real service function against the
+same database. The round trip through a real broker and
 a real operator worker belongs to the end-to-end tests.
 """
 
@@ -1146,6 +1147,155 @@ def test_replay_with_the_broker_down_leaves_the_sweeper_to_send_it(store: Store,
         as_json(result).items() >= {"delivery": dead, "status": "queued", "enqueued": False}.items()
     )
     assert store.scalar("SELECT status FROM deliveries WHERE id = :p", p=dead) == "queued"
+
+
+# --- bulk replay and the operations history --------------------------------------------------
+
+
+def some_dead(store: Store, count: int) -> list[int]:
+    source_id = a_source(store, store.workspace().id)
+    dead = [a_delivery(store, source_id, f"d-dead-{n}") for n in range(count)]
+    for pk in dead:
+        settle_as(store, pk, DeliveryStatus.DEAD, error="database went away")
+    a_delivery(store, source_id, "d-queued")
+    return dead
+
+
+def statuses(store: Store, pks: list[int]) -> list[str]:
+    return [store.scalar("SELECT status FROM deliveries WHERE id = :p", p=pk) for pk in pks]
+
+
+def test_replay_matching_dry_run_counts_and_changes_nothing(store: Store, celery):
+    dead = some_dead(store, 3)
+
+    table = taskhook(store, "deliveries", "replay-matching", "--status", "dead", "--dry-run")
+    listed = as_json(
+        taskhook(
+            store,
+            "deliveries",
+            "replay-matching",
+            "--since",
+            "2020-01-01T00:00",
+            "--dry-run",
+            "--json",
+        )
+    )
+
+    assert table.exit_code == 0
+    assert table.stdout.splitlines() == [
+        "Dry run: 3 deliveries would be queued again.",
+        "To run it: the same options, without --dry-run, with --name NAME --expect 3.",
+    ]
+    # A time without an offset is UTC.
+    assert listed == {
+        "dry_run": True,
+        "criteria": {"received_from": "2020-01-01T00:00:00+00:00"},
+        "replayable": 3,
+        "bodies_dropped": 0,
+    }
+    assert statuses(store, dead) == ["dead"] * 3
+    assert celery.sent == []
+    assert store.scalar("SELECT count(*) FROM operations") == 0
+
+
+def test_replay_matching_queues_sends_and_keeps_the_run_in_the_history(store: Store, celery):
+    dead = some_dead(store, 3)
+
+    ran = as_json(
+        taskhook(
+            store,
+            "deliveries",
+            "replay-matching",
+            "--status",
+            "dead",
+            "--name",
+            " after the database fix ",
+            "--expect",
+            "3",
+            "--operator",
+            "alice",
+            "--json",
+        )
+    )
+    table = taskhook(store, "operations", "list")
+    (listed,) = as_json(taskhook(store, "operations", "list", "--json"))["operations"]
+
+    assert celery.sent == [(PROCESS_DELIVERIES, [dead], DELIVERIES_QUEUE)]
+    assert statuses(store, dead) == ["queued"] * 3
+    assert ran["not_sent"] == 0
+    assert listed == ran["operation"]
+    assert {key: listed[key] for key in ("kind", "name", "operator", "criteria")} == {
+        "kind": "bulk-replay",
+        "name": "after the database fix",
+        "operator": "alice",
+        "criteria": {"status": "dead"},
+    }
+    assert (listed["expected"], listed["matched"], listed["done"], listed["error"]) == (
+        3,
+        3,
+        3,
+        None,
+    )
+    assert table.stdout.splitlines()[0].split() == [
+        "ID",
+        "STARTED",
+        "FINISHED",
+        "KIND",
+        "NAME",
+        "OPERATOR",
+        "EXPECTED",
+        "MATCHED",
+        "DONE",
+        "CRITERIA",
+        "ERROR",
+    ]
+    assert "after the database fix" in table.stdout and "status=dead" in table.stdout
+    people = taskhook(store, "deliveries", "replay-matching", "--status", "dead", "--name", "again")
+    assert people.stdout.splitlines()[0] == (
+        f"Operation {listed['id'] + 1} (again): 0 deliveries queued again and sent to the worker."
+    )
+
+
+def test_replay_matching_with_the_broker_down_leaves_the_sweeper_to_send_them(store: Store, celery):
+    dead = some_dead(store, 2)
+    celery.broker_down = True
+
+    result = taskhook(store, "deliveries", "replay-matching", "--name", "retry")
+
+    assert result.exit_code == 0
+    assert "2 of them are queued but not sent: the sweeper sends them" in result.stdout
+    assert "The broker did not take a message ([Errno 111] Connection refused)." in result.stderr
+    assert statuses(store, dead) == ["queued"] * 2
+
+
+def test_replay_matching_mistakes_are_clear_and_change_nothing(store: Store, celery):
+    dead = some_dead(store, 1)
+    command = ("deliveries", "replay-matching")
+
+    assert "--name is required" in usage_error(taskhook(store, *command))
+    assert "a bulk replay needs a name" in usage_error(taskhook(store, *command, "--name", " "))
+    assert "not an ISO 8601 date or time" in usage_error(
+        taskhook(store, *command, "--since", "yesterday", "--dry-run")
+    )
+    assert "--since must be before --until" in usage_error(
+        taskhook(store, *command, "--since", "2026-12-02", "--until", "2026-12-01", "--dry-run")
+    )
+    assert refused(taskhook(store, *command, "--status", "done", "--name", "x")) == (
+        "Error: done deliveries cannot be replayed in bulk: only dead or needs_operator "
+        "deliveries can be replayed that way (a replay or mismatch delivery is replayed on "
+        "its own, once its sender is known to be genuine)"
+    )
+    assert "search must be at most 300 characters" in refused(
+        taskhook(store, *command, "--search", "x" * 301, "--dry-run")
+    )
+    assert statuses(store, dead) == ["dead"]
+    assert celery.sent == []
+    assert store.scalar("SELECT count(*) FROM operations") == 0
+
+
+def test_operations_list_of_an_empty_history(store: Store):
+    assert taskhook(store, "operations", "list").stdout.startswith("No operations yet")
+    assert as_json(taskhook(store, "operations", "list", "--json")) == {"operations": []}
 
 
 # --- stats --------------------------------------------------------------------------------------

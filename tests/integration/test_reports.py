@@ -7,16 +7,26 @@ Scenarios are built with ``tests/integration/scenarios.py``, as in
 from __future__ import annotations
 
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
+from models import reports
 from models.db import session_scope
-from models.errors import DeliveryNotFound, InvalidExternalId, WorkspaceNotAccessible
-from models.inbox import DeliveryStatus
+from models.errors import (
+    DeliveryNotFound,
+    InvalidExternalId,
+    InvalidFilter,
+    TokenNotFound,
+    WorkspaceNotAccessible,
+)
+from models.inbox import DeliveryStatus, IncomingDelivery, first_received_since, record_delivery
 from models.reports import (
+    LastDeliveries,
+    deliveries_per_minute,
     inbox_stats,
+    known_events,
     list_deliveries,
     list_source_summaries,
     list_workspaces,
@@ -28,6 +38,7 @@ from models.tables import Delivery, utcnow
 from models.tasks import (
     delete_task,
 )
+from models.tokens import issue_token, list_tokens, revoke_token
 from tests.conftest import TRUSTED, Store
 from tests.integration.scenarios import (
     EXTERNAL_ID,
@@ -40,6 +51,8 @@ from tests.integration.scenarios import (
     release,
     settle_as,
 )
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 
 # --- reports --------------------------------------------------------------------------------
 
@@ -345,3 +358,257 @@ def test_stats_of_an_empty_inbox_have_no_age(store: Store):
         found = inbox_stats(session=session)
     assert (found.oldest_queued_at, found.oldest_queued_age_seconds) == (None, None)
     assert set(found.counts.values()) == {0}
+
+
+# --- sources: last delivery, scope ------------------------------------------------------------
+
+
+def _received(store: Store, pk: int, at: datetime) -> None:
+    with session_scope(store.sessions) as session:
+        session.execute(update(Delivery).where(Delivery.id == pk).values(received_at=at))
+
+
+def _recovered(store: Store, source_id: int, delivery_id: str) -> int:
+    incoming = IncomingDelivery(
+        source_id=source_id,
+        delivery_id=delivery_id,
+        body=b'{"recovered": "%s"}' % delivery_id.encode(),
+        event="issues.opened",
+        action="opened",
+        headers={},
+        content_type="application/json",
+        origin="catch-up",
+    )
+    with session_scope(store.sessions) as session:
+        return record_delivery(session=session, incoming=incoming).pk
+
+
+def test_sources_show_their_last_webhook_delivery_and_only_their_workspaces(store: Store):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    acme_source = a_source(store, acme.id, "acme-github")
+    beta_source = a_source(store, beta.id, "beta-github")
+    a_source(store, beta.id, "beta-silent")
+    _received(store, a_delivery(store, acme_source, "d-1"), T0)
+    _received(store, a_delivery(store, acme_source, "d-2"), T0 + timedelta(minutes=1))
+    _received(store, a_delivery(store, beta_source, "d-3"), T0 + timedelta(minutes=2))
+    # A catch-up's row says the webhook did not get through: it does not count.
+    _received(store, _recovered(store, acme_source, "d-4"), T0 + timedelta(minutes=3))
+    with session_scope(store.sessions) as session:
+        add_secret(session=session, slug="beta-github", new_secret="another-secret-9c1")
+
+    with store.sessions() as session:
+        every = list_source_summaries(session=session)
+        only_beta = list_source_summaries(session=session, workspace_ids=frozenset({beta.id}))
+        none = list_source_summaries(session=session, workspace_ids=frozenset())
+
+    assert [(s.slug, s.last_delivery_at, s.rotating) for s in every] == [
+        ("acme-github", T0 + timedelta(minutes=1), False),
+        ("beta-github", T0 + timedelta(minutes=2), True),
+        ("beta-silent", None, False),
+    ]
+    assert [s.slug for s in only_beta] == ["beta-github", "beta-silent"]
+    assert none == []
+
+
+def test_kept_last_deliveries_take_in_what_arrived_since_the_last_read(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    kept = LastDeliveries()
+
+    def last_delivery() -> datetime | None:
+        with store.sessions() as session:
+            (found,) = list_source_summaries(session=session, last_deliveries=kept)
+        return found.last_delivery_at
+
+    assert last_delivery() is None
+    _received(store, a_delivery(store, source_id, "d-1"), T0)
+    assert last_delivery() == T0
+    _received(store, a_delivery(store, source_id, "d-2"), T0 + timedelta(seconds=30))
+    assert last_delivery() == T0 + timedelta(seconds=30)
+    assert last_delivery() == T0 + timedelta(seconds=30)
+
+
+def test_stats_are_scoped_to_the_workspaces_given(store: Store):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    acme_source = a_source(store, acme.id, "acme-github")
+    beta_source = a_source(store, beta.id, "beta-github")
+    old = a_delivery(store, acme_source, "d-1")
+    _received(store, old, T0)
+    settle_as(store, a_delivery(store, beta_source, "d-2"), DeliveryStatus.DEAD, error="bad")
+    a_delivery(store, beta_source, "d-3")
+
+    with store.sessions() as session:
+        every = inbox_stats(session=session)
+        only_beta = inbox_stats(session=session, workspace_ids=frozenset({beta.id}))
+        only_acme = inbox_stats(session=session, workspace_ids=frozenset({acme.id}))
+
+    assert (every.counts["queued"], every.counts["dead"], every.oldest_queued_at) == (2, 1, T0)
+    assert (only_beta.counts["queued"], only_beta.counts["dead"]) == (1, 1)
+    assert only_beta.oldest_queued_at > T0
+    assert (only_acme.counts["queued"], only_acme.counts["dead"], only_acme.oldest_queued_at) == (
+        1,
+        0,
+        T0,
+    )
+
+
+# --- the chart: deliveries per minute ----------------------------------------------------------
+
+
+def test_the_chart_counts_each_minute_by_status_and_fills_the_quiet_ones(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    times = [
+        T0 - timedelta(minutes=3),  # before the chart
+        T0 + timedelta(seconds=10),
+        T0 + timedelta(seconds=50),
+        T0 + timedelta(minutes=2, seconds=1),
+        T0 + timedelta(minutes=3, seconds=59),
+        T0 + timedelta(minutes=9),  # after now
+    ]
+    pks = []
+    for n, at in enumerate(times):
+        pks.append(a_delivery(store, source_id, f"d-{n}"))
+        _received(store, pks[-1], at)
+    settle_as(store, pks[2], DeliveryStatus.DEAD, error="bad")
+
+    with store.sessions() as session:
+        rate = deliveries_per_minute(
+            session=session, since=T0 + timedelta(seconds=30), now=T0 + timedelta(minutes=4)
+        )
+
+    assert rate.minutes == [T0 + timedelta(minutes=n) for n in range(5)]
+    assert rate.counts == {"dead": [1, 0, 0, 0, 0], "queued": [1, 0, 1, 1, 0]}
+
+
+def test_the_chart_of_an_empty_or_quiet_inbox_is_all_minutes_and_no_status(store: Store):
+    with store.sessions() as session:
+        empty = deliveries_per_minute(session=session, since=T0, now=T0 + timedelta(minutes=2))
+    assert (empty.minutes, empty.counts) == ([T0 + timedelta(minutes=n) for n in range(3)], {})
+
+    source_id = a_source(store, store.workspace().id)
+    _received(store, a_delivery(store, source_id, "d-1"), T0 - timedelta(hours=1))
+    with store.sessions() as session:
+        quiet = deliveries_per_minute(session=session, since=T0, now=T0 + timedelta(minutes=2))
+    assert (len(quiet.minutes), quiet.counts) == (3, {})
+
+
+def test_the_chart_is_scoped_and_bounded(store: Store):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    _received(store, a_delivery(store, a_source(store, acme.id, "acme-github"), "d-1"), T0)
+    _received(store, a_delivery(store, a_source(store, beta.id, "beta-github"), "d-2"), T0)
+
+    with store.sessions() as session:
+        scoped = deliveries_per_minute(
+            session=session, since=T0, now=T0, workspace_ids=frozenset({beta.id})
+        )
+        assert scoped.counts == {"queued": [1]}
+        with pytest.raises(InvalidFilter, match="at most 7 days"):
+            deliveries_per_minute(session=session, since=T0 - timedelta(days=8), now=T0)
+        with pytest.raises(InvalidFilter, match="since must not be after now"):
+            deliveries_per_minute(session=session, since=T0 + timedelta(minutes=1), now=T0)
+
+
+def test_the_first_key_received_since_is_found_across_gaps(store: Store):
+    with store.sessions() as session:
+        assert first_received_since(session=session, since=T0) is None
+
+    source_id = a_source(store, store.workspace().id)
+    pks = []
+    for n in range(40):
+        pks.append(a_delivery(store, source_id, f"d-{n}"))
+        _received(store, pks[-1], T0 + timedelta(minutes=n))
+    # The retention policy deleted runs of rows: gaps in the keys.
+    gone = [*pks[0:5], *pks[10:25], pks[26], *pks[30:39]]
+    with session_scope(store.sessions) as session:
+        session.execute(delete(Delivery).where(Delivery.id.in_(gone)))
+    kept = [(pk, n) for n, pk in enumerate(pks) if pk not in gone]
+
+    with store.sessions() as session:
+        for minute in range(-1, 41):
+            since = T0 + timedelta(minutes=minute, seconds=-1 if minute % 2 else 0)
+            expected = next((pk for pk, n in kept if T0 + timedelta(minutes=n) >= since), None)
+            assert first_received_since(session=session, since=since) == expected, minute
+        rate = deliveries_per_minute(
+            session=session, since=T0 + timedelta(minutes=8), now=T0 + timedelta(minutes=28)
+        )
+    alive = {pk for pk, _ in kept}
+    assert rate.counts["queued"] == [int(pk in alive) for pk in pks[8:29]]
+
+
+def test_known_events_are_the_newest_deliveries_events_sorted(store: Store, monkeypatch):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    acme_source = a_source(store, acme.id, "acme-github")
+    beta_source = a_source(store, beta.id, "beta-github")
+    for n, (source_id, event) in enumerate(
+        [
+            (acme_source, "pull_request.opened"),
+            (acme_source, "issues.opened"),
+            (beta_source, "issue_comment.created"),
+            (acme_source, "issues.edited"),
+            (acme_source, "issues.opened"),
+        ]
+    ):
+        with session_scope(store.sessions) as session:
+            record_delivery(
+                session=session,
+                incoming=IncomingDelivery(
+                    source_id=source_id,
+                    delivery_id=f"d-{n}",
+                    body=b'{"n": %d}' % n,
+                    event=event,
+                    action=None,
+                    headers={},
+                    content_type="application/json",
+                ),
+            )
+
+    with store.sessions() as session:
+        every = known_events(session=session)
+        only_beta = known_events(session=session, workspace_ids=frozenset({beta.id}))
+        monkeypatch.setattr(reports, "KNOWN_EVENTS_WINDOW", 3)
+        newest = known_events(session=session)
+
+    assert every == [
+        "issue_comment.created",
+        "issues.edited",
+        "issues.opened",
+        "pull_request.opened",
+    ]
+    assert only_beta == ["issue_comment.created"]
+    assert newest == ["issue_comment.created", "issues.edited", "issues.opened"]
+
+
+# --- tokens: scope and the revoke guard ------------------------------------------------------
+
+
+def test_tokens_are_listed_and_revoked_only_within_the_callers_workspaces(store: Store):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    with session_scope(store.sessions) as session:
+        only_acme = issue_token(session=session, name="a", role="member", workspace_ids=[acme.id])
+        both = issue_token(
+            session=session, name="ab", role="member", workspace_ids=[acme.id, beta.id]
+        )
+        only_beta = issue_token(session=session, name="b", role="member", workspace_ids=[beta.id])
+    ids = only_acme.record.id, both.record.id, only_beta.record.id
+
+    with store.sessions() as session:
+        every = [(t.id, w) for t, w in list_tokens(session=session)]
+        seen_from_acme = [
+            (t.id, w) for t, w in list_tokens(session=session, workspace_ids={acme.id})
+        ]
+        seen_from_none = list_tokens(session=session, workspace_ids=frozenset())
+
+    assert every == [(ids[0], [acme.id]), (ids[1], [acme.id, beta.id]), (ids[2], [beta.id])]
+    # Only the workspaces the caller may see are named.
+    assert seen_from_acme == [(ids[0], [acme.id]), (ids[1], [acme.id])]
+    assert seen_from_none == []
+
+    scope = frozenset({acme.id})
+    for token_id in (ids[1], ids[2], 999):
+        with session_scope(store.sessions) as session, pytest.raises(TokenNotFound) as refused:
+            revoke_token(session=session, token_id=token_id, workspace_ids=scope)
+        # One answer for a token beyond the scope and for none at all.
+        assert str(refused.value) == f"no token with id {token_id}"
+    with session_scope(store.sessions) as session:
+        assert revoke_token(session=session, token_id=ids[0], workspace_ids=scope).revoked_at
+        assert revoke_token(session=session, token_id=ids[1]).revoked_at
+    assert store.scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NULL") == 1

@@ -24,7 +24,8 @@ never listed.
 Layout: ``runtime`` (settings, engine, sessions; the errors and the root
 group's error translation), ``output`` (``--json``, tables, fields), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
-lookup, explain, release), ``deliveries`` (list, show, replay, stats),
+lookup, explain, release), ``deliveries`` (list, show, replay, replay-matching,
+stats), ``operations`` (the history of bulk replays),
 ``catchup`` (recover deliveries from a provider's delivery log), ``tokens``,
 ``demo`` (a workspace to try, signed samples to send it), ``mcp`` (the MCP
 server on stdio), ``start`` (the Procfile's processes, as ``scripts/run``
@@ -44,6 +45,7 @@ from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
 from worker.cli.demo import demo
 from worker.cli.mcp import mcp
+from worker.cli.operations import operations
 from worker.cli.runtime import EXIT_NO_ANSWER, CommandRuntime, TaskhookGroup
 from worker.cli.sources import source
 from worker.cli.start import start
@@ -86,6 +88,7 @@ for _command in (
     explain,
     release,
     deliveries,
+    operations,
     stats,
     catch_up,
     token,

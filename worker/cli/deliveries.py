@@ -1,14 +1,17 @@
-"""The inbox: ``taskhook deliveries list|show|replay|prune`` and ``taskhook stats``."""
+"""The inbox: ``taskhook deliveries list|show|replay|replay-matching|prune`` and
+``taskhook stats``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
+from datetime import UTC, datetime
 
 import click
 
 from models.inbox import DeliveryStatus, replay
-from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY
+from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY, message_groups, task_for
+from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
 from models.reports import (
     MAX_PAGE,
     DeliveryDetail,
@@ -35,7 +38,7 @@ from worker.cli.output import (
     print_fields,
     print_table,
 )
-from worker.cli.params import DATABASE_ID
+from worker.cli.params import DATABASE_ID, checked_by, operator_or_os_user
 from worker.cli.runtime import CommandRuntime, first_line, pass_runtime
 
 
@@ -179,6 +182,153 @@ def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> 
             f"Delivery {delivery} is queued again, but the broker did not take the message "
             f"({problem}); the sweeper sends it within about {within:g}s once the broker is back."
         )
+
+
+class UtcTime(click.ParamType):
+    """An ISO 8601 date or time (``2026-12-01``, ``2026-12-01T08:00``,
+    ``2026-12-01T09:00+01:00``); UTC when it names no offset."""
+
+    name = "time"
+
+    def convert(self, value, param, ctx) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            when = datetime.fromisoformat(value.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 date or time", param, ctx)
+        return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+@deliveries.command("replay-matching")
+@click.option(
+    "--status",
+    type=click.Choice([status.value for status in DeliveryStatus]),
+    default=None,
+    help="Only deliveries in this state [needs_operator and dead].",
+)
+@click.option("--source", default=None, help="Only deliveries of this source.")
+@click.option("--event", default=None, help="Only deliveries of this event (issues.opened).")
+@click.option(
+    "--since", type=UtcTime(), default=None, help="Received then or later (ISO 8601, UTC)."
+)
+@click.option("--until", type=UtcTime(), default=None, help="Received before then (ISO 8601, UTC).")
+@click.option(
+    "--search", default=None, help="A delivery id, an external id, or an inbox id to match."
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be replayed; change nothing.")
+@click.option(
+    "--name",
+    default=None,
+    callback=checked_by(checked_name),
+    help="What the run is for, as the operations history lists it (required to run).",
+)
+@click.option(
+    "--expect",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The count the dry run showed, kept with the run in the history.",
+)
+@click.option(
+    "--operator",
+    default=None,
+    callback=operator_or_os_user,
+    help="Who replays, as the history names them [the OS user].",
+)
+@json_option
+@pass_runtime
+def deliveries_replay_matching(
+    runtime: CommandRuntime,
+    status: str | None,
+    source: str | None,
+    event: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    search: str | None,
+    dry_run: bool,
+    name: str | None,
+    expect: int | None,
+    operator: str,
+    as_json: bool,
+) -> None:
+    """Send every needs_operator and dead delivery that matches through the
+    worker again, as `replay` does one: after fixing a cause many deliveries
+    failed of. Run it with --dry-run first; the run is kept in the operations
+    history (taskhook operations list) under its --name."""
+    if name is None and not dry_run:
+        raise click.UsageError(
+            "--name is required to run a bulk replay (the operations history lists it by "
+            "its name); --dry-run only counts"
+        )
+    if since is not None and until is not None and since >= until:
+        raise click.UsageError("--since must be before --until")
+    found = DeliveryFilter(
+        status=status,
+        source=source,
+        event=event,
+        received_from=since,
+        received_until=until,
+        search=search,
+    )
+    if dry_run:
+        with runtime.session() as session:
+            count = count_replayable(session=session, filter=found)
+        if as_json:
+            emit_json({"dry_run": True, "criteria": found.criteria(), **asdict(count)})
+            return
+        click.echo(f"Dry run: {count.replayable} deliveries would be queued again.")
+        if count.bodies_dropped:
+            click.echo(
+                f"{count.bodies_dropped} more match, but their bodies were dropped by the "
+                "retention policy: they cannot be replayed."
+            )
+        if count.replayable:
+            click.echo(
+                f"To run it: the same options, without --dry-run, with --name NAME "
+                f"--expect {count.replayable}."
+            )
+        return
+
+    unsent: list[int] = []
+    per_message = runtime.settings.relay_keys_per_message
+
+    def send(keys: list[int]) -> None:
+        # Called after each batch's commit. A key the broker does not take is
+        # still queued: the sweeper sends it.
+        for group in message_groups(keys, per_message):
+            task, args = task_for(group)
+            try:
+                cli_package.load_celery_app().send_task(task, args=args, queue=DELIVERIES_QUEUE)
+            except Exception as error:
+                if not unsent:
+                    click.echo(
+                        f"The broker did not take a message ({first_line(error)}).", err=True
+                    )
+                unsent.extend(group)
+
+    done = bulk_replay(
+        sessions=runtime.sessions,
+        filter=found,
+        name=name,
+        operator=operator,
+        expected=expect,
+        send=send,
+    )
+    if as_json:
+        emit_json({"dry_run": False, "operation": asdict(done), "not_sent": len(unsent)})
+        return
+    click.echo(
+        f"Operation {done.id} ({done.name}): {done.done} deliveries queued again and sent "
+        "to the worker."
+    )
+    if unsent:
+        settings = runtime.settings
+        within = settings.queued_grace_seconds + settings.sweep_interval_seconds
+        click.echo(
+            f"{len(unsent)} of them are queued but not sent: the sweeper sends them within "
+            f"about {within:g}s once the broker is back."
+        )
+    click.echo("History: taskhook operations list")
 
 
 def _body(detail: DeliveryDetail) -> str:

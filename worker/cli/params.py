@@ -3,12 +3,16 @@ caught before any database or broker is touched."""
 
 from __future__ import annotations
 
+import functools
+import getpass
+import os
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from models.tables import MAX_ROW_ID
+from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
 
 class DatabaseId(click.IntRange):
@@ -38,3 +42,25 @@ def checked_by(check: Callable[[Any], Any]) -> Callable[[click.Context, click.Pa
             raise click.BadParameter(str(error)) from None
 
     return callback
+
+
+def _default_operator() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (some containers)
+        return os.environ.get("USER") or None
+
+
+_operator = functools.partial(
+    clean_release_text,
+    what="the operator",
+    missing="cannot tell who you are; pass --operator",
+    limit=MAX_OPERATOR_LENGTH,
+)
+
+
+def operator_or_os_user(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """The ``--operator`` callback: the name given, else the OS user's, as an
+    audit row keeps it (``models.tasks.clean_release_text``)."""
+    given = value if value is not None else (_default_operator() or "")
+    return checked_by(_operator)(ctx, param, given)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import getpass
-import os
 import re
 import shlex
 import sys
@@ -21,14 +19,14 @@ from models.inbox import DeliveryStatus
 from models.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
 from models.reports import Lineage, TaskView, lineage, task_named, timeline
 from models.tables import utcnow
-from models.tasks import MAX_OPERATOR_LENGTH, MAX_RELEASE_REASON_LENGTH, clean_release_text
+from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
 
 # The package itself, for the load_celery_app hook: looked up at call time, so
 # that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
 from worker import cli as cli_package
 from worker.cli.deliveries import print_deliveries
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
-from worker.cli.params import checked_by
+from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
@@ -255,13 +253,6 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
         )
 
 
-def _default_operator() -> str | None:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER (some containers)
-        return os.environ.get("USER") or None
-
-
 def _release_preview(found: Lineage, holder: TaskView) -> list[tuple[str, Any]]:
     touched = found.deliveries_of(holder.id)
     parked = [d.id for d in touched if d.status == DeliveryStatus.NEEDS_OPERATOR]
@@ -298,17 +289,6 @@ _reason = functools.partial(
     missing="a release must give a reason",
     limit=MAX_RELEASE_REASON_LENGTH,
 )
-_operator = functools.partial(
-    clean_release_text,
-    what="the operator",
-    missing="cannot tell who you are; pass --operator",
-    limit=MAX_OPERATOR_LENGTH,
-)
-
-
-def _operator_or_os_user(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
-    given = value if value is not None else (_default_operator() or "")
-    return checked_by(_operator)(ctx, param, given)
 
 
 def _confirmed(question: str, *, err: bool) -> None:
@@ -336,7 +316,7 @@ def _confirmed(question: str, *, err: bool) -> None:
 @click.option(
     "--operator",
     default=None,
-    callback=_operator_or_os_user,
+    callback=operator_or_os_user,
     help="Who releases [the OS user].",
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
