@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from kombu import Connection
@@ -24,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ingest import api, events, rest, webhooks
+from ingest import api, console, events, rest, webhooks
 from ingest.heartbeat import beating
 from ingest.limits import BodyLimit, Lifetime, StreamSlots
 from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
@@ -104,6 +105,18 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     )
     _add_operational_routes(app)
     _add_error_handlers(app, settings)
+    console.install(app)
+    if settings.cors_origins:
+        # Closed unless origins are listed: then a page of one of them may
+        # call the API with its bearer token, and read the event stream.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            allow_credentials=True,
+            max_age=600,
+        )
     # Innermost: a REST or MCP body over the limit is a 413 before anything
     # reads it whole, not an unexpected error.
     app.add_middleware(BodyLimit, limit=settings.max_api_body_bytes, exempt=(webhooks.PATH_PREFIX,))
@@ -188,17 +201,23 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
         return rest.api_error_response(error)
 
     @app.exception_handler(TaskStoreError)
-    async def _domain_error(request: Request, error: TaskStoreError) -> JSONResponse:
+    async def _domain_error(request: Request, error: TaskStoreError) -> Response:
+        if console.serves(request):
+            return await run_in_threadpool(console.pages.domain_error_page, request, error)
         return rest.domain_error_response(request, error)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+    async def _invalid_request(request: Request, error: RequestValidationError) -> Response:
         problem = error.errors()[0]
         where = ".".join(str(part) for part in problem["loc"])
+        if console.serves(request):
+            return console.pages.error_page(request, None, 400, f"{where}: {problem['msg']}")
         return JSONResponse({"error": f"{where}: {problem['msg']}"}, status_code=400)
 
     @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    async def _http_error(request: Request, error: HTTPException) -> Response:
+        if console.serves(request):
+            return console.pages.error_page(request, None, error.status_code, str(error.detail))
         return JSONResponse(
             {"error": str(error.detail)}, status_code=error.status_code, headers=error.headers
         )
@@ -209,7 +228,9 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
         return JSONResponse({"error": "request body nested too deeply"}, status_code=400)
 
     @app.exception_handler(StoreUnavailable)
-    async def _store_unavailable(request: Request, error: StoreUnavailable) -> JSONResponse:
+    async def _store_unavailable(request: Request, error: StoreUnavailable) -> Response:
+        if console.serves(request):
+            return console.pages.error_page(request, None, 503, rest.UNAVAILABLE)
         return unavailable()
 
 

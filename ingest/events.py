@@ -29,7 +29,7 @@ from ingest.limits import StreamsFull
 from ingest.rest import (
     MAX_ID,
     ApiError,
-    Authenticated,
+    BrowserAuthenticated,
     Id,
     error_responses,
     in_session,
@@ -86,7 +86,7 @@ def event_body(event: TaskEvent) -> dict:
 )
 async def workspace_events(
     request: Request,
-    principal: Authenticated,
+    principal: BrowserAuthenticated,
     workspace_id: Id,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="Events after this id.")] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
@@ -121,7 +121,7 @@ async def workspace_events(
     except StreamsFull as full:
         retry_after = str(runtime.settings.retry_after_seconds)
         raise ApiError(429, str(full), headers={"Retry-After": retry_after}) from None
-    return _SlotHoldingStream(
+    return SlotHoldingStream(
         _stream(request, page, after, timeout),
         give_back=give_back,
         media_type="text/event-stream",
@@ -129,7 +129,7 @@ async def workspace_events(
     )
 
 
-class _SlotHoldingStream(StreamingResponse):
+class SlotHoldingStream(StreamingResponse):
     """A stream that gives its slot back however it ends -- closed, cut off,
     or never started because the client left first."""
 

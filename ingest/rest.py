@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from ingest.runtime import IngressRuntime
 from ingest.schemas import ErrorBody
+from models.console_sessions import SignedIn, signed_in
 from models.db import session_scope
 from models.errors import ErrorKind, TaskStoreError, WorkspaceNotAccessible
 from models.tables import MAX_ROW_ID
@@ -116,6 +117,38 @@ def current_principal(
 
 
 Authenticated = Annotated[Principal, Depends(current_principal)]
+
+
+def browser_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """A bearer token, or else a console session's cookie: for the read-only
+    routes a browser's EventSource calls, which cannot send a header. Never
+    for a route that changes anything (a cookie rides along on cross-site
+    requests where a header does not)."""
+    if credentials is not None:
+        return current_principal(request, credentials)
+    user = console_session_of(request)
+    if user is None:
+        raise ApiError(401, "missing bearer token (or console session)")
+    return user.principal
+
+
+BrowserAuthenticated = Annotated[Principal, Depends(browser_principal)]
+
+#: The console's session cookie (ingest.console.auth sets it at sign-in).
+SESSION_COOKIE = "taskhook_session"
+
+
+def console_session_of(request: Request) -> SignedIn | None:
+    """The console session whose cookie the request carries, if it is live."""
+    key = request.cookies.get(SESSION_COOKIE)
+    if not key:
+        return None
+    runtime: IngressRuntime = request.app.state.runtime
+    with runtime.store_errors(), session_scope(runtime.sessions) as session:
+        return signed_in(session=session, key=key)
 
 
 def in_session(request: Request, work: Callable[[Session], T]) -> T:

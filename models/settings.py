@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from kombu import Exchange, Queue
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
 
@@ -129,6 +130,21 @@ class Settings(BaseSettings):
         description="Label taskhook_deliveries by source name. Off, the label is '-': "
         "default source names are guessable (WORKSPACE-github), and /metrics would list "
         "every one to an anonymous caller.",
+    )
+
+    # --- console and browsers -------------------------------------------------------
+    console_session_hours: float = Field(
+        default=8.0,
+        gt=0,
+        le=24 * 30,
+        description="How long a console sign-in lasts (ingest/console); then the browser "
+        "signs in again.",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins (https://app.example.com, comma-separated) whose pages may call "
+        "the REST API and its event stream from a browser. Unset, none may: the API sends no "
+        "CORS headers. Each is an exact origin; '*' is refused.",
     )
 
     # --- ingress server -------------------------------------------------------------
@@ -309,6 +325,15 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list):
+            return value
+        return [_checked_origin(origin) for origin in value]
+
     @model_validator(mode="after")
     def _lease_outlives_the_task(self) -> Settings:
         if self.lease_seconds <= self.task_time_limit_seconds:
@@ -328,6 +353,10 @@ class Settings(BaseSettings):
                 "Raise consumer_timeout in rabbitmq.conf and say so here, or lower the limit."
             )
         return self
+
+    def webhook_url(self, provider: str, slug: str) -> str:
+        """Where ``provider`` sends source ``slug``'s deliveries."""
+        return f"{self.public_url.rstrip('/')}/webhooks/{provider}/{slug}"
 
     @property
     def uses_rabbitmq(self) -> bool:
@@ -396,6 +425,24 @@ class Settings(BaseSettings):
                 "socket_connect_timeout": self.enqueue_timeout_seconds,
             }
         return {}
+
+
+def _checked_origin(origin: object) -> str:
+    """``origin`` as a browser sends it in ``Origin:`` (scheme://host[:port]),
+    else a ValueError saying what is wrong."""
+    text = str(origin).strip().rstrip("/")
+    if text == "*":
+        raise ValueError(
+            "TASKHOOK_CORS_ORIGINS: '*' would let every site's pages call the API; "
+            "list the origins, e.g. https://app.example.com"
+        )
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query:
+        raise ValueError(
+            f"TASKHOOK_CORS_ORIGINS: {text!r} is not an origin; write scheme://host[:port], "
+            "e.g. https://app.example.com"
+        )
+    return text
 
 
 @lru_cache(maxsize=1)

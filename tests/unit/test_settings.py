@@ -46,3 +46,25 @@ def test_a_port_out_of_range_is_refused(monkeypatch: pytest.MonkeyPatch):
 
     with pytest.raises(ValueError, match="port"):
         Settings()
+
+
+def test_cors_origins_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch):
+    assert Settings().cors_origins == []
+    monkeypatch.setenv("TASKHOOK_CORS_ORIGINS", "https://app.example.com, http://localhost:3000/")
+    assert Settings().cors_origins == ["https://app.example.com", "http://localhost:3000"]
+
+
+@pytest.mark.parametrize(
+    ("origins", "says"),
+    [
+        ("*", "list the origins"),
+        ("https://app.example.com/console", "not an origin"),
+        ("app.example.com", "not an origin"),
+        ("ftp://app.example.com", "not an origin"),
+    ],
+)
+def test_a_cors_origin_must_be_exact(monkeypatch: pytest.MonkeyPatch, origins: str, says: str):
+    monkeypatch.setenv("TASKHOOK_CORS_ORIGINS", origins)
+
+    with pytest.raises(ValueError, match=says):
+        Settings()

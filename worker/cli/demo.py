@@ -23,7 +23,6 @@ from models.tables import Workspace
 from models.workspaces import create_workspace
 from worker.cli.output import emit_json, json_option
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
-from worker.cli.sources import webhook_url
 
 #: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
@@ -86,7 +85,7 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
                 site_url="https://demo.atlassian.net",
             )
         sources = [
-            (found.slug, found.provider, webhook_url(runtime.settings, found.provider, found.slug))
+            (found.slug, found.provider, runtime.settings.webhook_url(found.provider, found.slug))
             for found in list_source_summaries(session=session)
         ]
     if as_json:
@@ -123,7 +122,7 @@ def demo_send(runtime: CommandRuntime, provider: str, slug: str | None, as_json:
     if source is None:
         raise Refused(f"no enabled {provider} source named {slug!r} (taskhook source list)")
     body, headers = _sample_delivery(provider, source.secrets[-1])
-    url = webhook_url(runtime.settings, provider, slug)
+    url = runtime.settings.webhook_url(provider, slug)
     request = urllib.request.Request(url, data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

@@ -10,6 +10,9 @@ from typing import Any
 
 import click
 
+# Re-exported: the CLI's modules take every output helper from here.
+from models.display import format_age, format_when  # noqa: F401
+
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
@@ -29,25 +32,6 @@ def emit_json(document: Any) -> None:
     if is_dataclass(document) and not isinstance(document, type):
         document = asdict(document)
     click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=_jsonable))
-
-
-def format_when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
-
-
-def format_age(seconds: float) -> str:
-    seconds = int(seconds)
-    for unit, size, smaller, smaller_size in (
-        ("d", 86400, "h", 3600),
-        ("h", 3600, "m", 60),
-        ("m", 60, "s", 1),
-    ):
-        if seconds >= size:
-            rest = (seconds % size) // smaller_size
-            return (
-                f"{seconds // size}{unit} {rest}{smaller}" if rest else f"{seconds // size}{unit}"
-            )
-    return f"{seconds}s"
 
 
 def _cell(value: Any, width: int = 60) -> str:

@@ -26,7 +26,6 @@ from models.catchup import (
 )
 from models.providers import PROVIDERS as REGISTRY
 from models.reports import get_workspace, list_source_summaries
-from models.settings import Settings
 from models.sources import (
     PROVIDERS,
     add_secret,
@@ -44,10 +43,6 @@ from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 @click.group()
 def source() -> None:
     """Webhook sources: which provider's webhook feeds which workspace."""
-
-
-def webhook_url(settings: Settings, provider: str, slug: str) -> str:
-    return f"{settings.public_url.rstrip('/')}/webhooks/{provider}/{slug}"
 
 
 def _events_for(provider: str, given: str | None) -> list[str]:
@@ -140,7 +135,7 @@ def source_add(
             site_url = added.site_url
     except IntegrityError:  # a concurrent add won the unique name
         raise Refused(f"a source named {slug!r} already exists") from None
-    url = webhook_url(runtime.settings, provider, slug)
+    url = runtime.settings.webhook_url(provider, slug)
     # Printed only now, after the commit: a secret for a source that was never
     # stored would be pasted into the provider for nothing.
     if as_json:
@@ -172,7 +167,7 @@ def source_list(runtime: CommandRuntime, as_json: bool) -> None:
     """Every source and its webhook URL. Secrets are counted, never shown."""
     with runtime.session() as session:
         found = list_source_summaries(session=session)
-    urls = [webhook_url(runtime.settings, s.provider, s.slug) for s in found]
+    urls = [runtime.settings.webhook_url(s.provider, s.slug) for s in found]
     if as_json:
         emit_json(
             {"sources": [asdict(s) | {"url": url} for s, url in zip(found, urls, strict=True)]}

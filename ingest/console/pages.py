@@ -1,0 +1,690 @@
+"""The console's pages: what operators read, and the few things they do.
+
+Every page is rendered on the server from ``templates/`` by Jinja2 with
+autoescaping on, so a webhook body's text -- an issue titled
+``<script>...`` -- reaches the browser as text. Pages run no inline script
+(the Content-Security-Policy in ``ingest.console.headers`` forbids it):
+``static/console.js`` adds the live parts and the copy buttons.
+
+A GET only reads. Each action is a POST from a form of the console (its CSRF
+token and Origin are checked in ``ingest.console.auth``), by an operator,
+and ends in a page that says what happened: the action's own answer, or a
+redirect to the page it changed (``?done=...`` names one of ``NOTICES``).
+
+Everything a page shows is scoped to the token's workspaces, as the REST
+API is: a workspace the token may not see, and its sources, deliveries and
+tasks, are answered like ones that do not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlencode, urlsplit
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from ingest.console import auth
+from ingest.console.auth import PREFIX, Refused, User
+from ingest.rest import STATUS_OF_KIND, console_session_of
+from ingest.runtime import IngressRuntime
+from models.console_sessions import SignedIn
+from models.db import session_scope
+from models.display import format_age, format_when
+from models.errors import TaskStoreError
+from models.inbox import BULK_REPLAYABLE, REPLAYABLE, DeliveryStatus, replay
+from models.operations import (
+    DeliveryFilter,
+    bulk_replay,
+    count_replayable,
+    list_operations,
+)
+from models.reports import (
+    SourceSummary,
+    WorkspaceSummary,
+    deliveries_per_minute,
+    gaps,
+    inbox_stats,
+    known_events,
+    lineage,
+    list_deliveries,
+    list_source_summaries,
+    list_workspaces,
+    redacted_headers,
+    show_delivery,
+    task_named,
+    timeline,
+)
+from models.sources import add_secret, get_source, retire_older_secrets
+from models.tables import Delivery, EventStream
+from models.tasks import release_external_id
+from models.tokens import list_tokens, revoke_token
+
+T = TypeVar("T")
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+templates = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+templates.filters["when"] = format_when
+templates.filters["age"] = format_age
+
+
+def web_link(url: str | None) -> str:
+    """``url`` if a link to it is safe to follow (http or https), else ``""``.
+    A task's source URL comes from a webhook body: a ``javascript:`` one is
+    shown as text, never made a link."""
+    if url and urlsplit(url).scheme in ("http", "https"):
+        return url
+    return ""
+
+
+templates.filters["web_link"] = web_link
+
+#: How far back the overview's chart reaches.
+CHART_HOURS = 3
+PAGE_SIZE = 50
+
+#: What a redirect after an action says (``?done=``): fixed words, never the
+#: query's own text.
+NOTICES = {
+    "replayed": "The delivery is queued again and sent to the worker.",
+    "released": "Released. The next create for this identity makes a new task.",
+    "rotation-finished": "Rotation finished: only the newest secret verifies now.",
+    "revoked": "The token is revoked; its sessions have ended.",
+    "signed-out": "Signed out.",
+    "replay-started": "Bulk replay done: its deliveries are queued and sent to the worker.",
+}
+
+
+def _runtime(request: Request) -> IngressRuntime:
+    return request.app.state.runtime
+
+
+def read(request: Request, work: Callable[[Session], T]) -> T:
+    runtime = _runtime(request)
+    with runtime.store_errors(), session_scope(runtime.sessions) as session:
+        return work(session)
+
+
+def render(
+    request: Request, name: str, user: SignedIn | None, *, status: int = 200, **context: Any
+) -> HTMLResponse:
+    page = templates.get_template(name).render(
+        request=request,
+        user=user,
+        principal=user.principal if user else None,
+        csrf=user.csrf_token if user else None,
+        prefix=PREFIX,
+        notice=NOTICES.get(request.query_params.get("done", "")),
+        **context,
+    )
+    return HTMLResponse(page, status_code=status)
+
+
+def error_page(request: Request, user: SignedIn | None, status: int, message: str) -> HTMLResponse:
+    return render(request, "error.html", user, status=status, message=message)
+
+
+def domain_error_page(request: Request, error: TaskStoreError) -> HTMLResponse:
+    """A store error met on a console page, in the REST API's status and words."""
+    status = STATUS_OF_KIND[error.kind]
+    message = "temporarily unavailable; retry later" if status == 503 else str(error)
+    return error_page(
+        request, console_session_of(request) if status != 503 else None, status, message
+    )
+
+
+def _redirect(path: str, done: str | None = None) -> RedirectResponse:
+    return RedirectResponse(path + (f"?done={done}" if done else ""), status_code=303)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The workspaces the signed-in token may see."""
+
+    workspaces: list[WorkspaceSummary]
+
+    @property
+    def ids(self) -> frozenset[int]:
+        return frozenset(workspace.id for workspace in self.workspaces)
+
+    def by_slug(self, slug: str | None) -> WorkspaceSummary | None:
+        return next((w for w in self.workspaces if w.slug == slug), None)
+
+
+def _sources(request: Request, session: Session, scope: Scope) -> list[SourceSummary]:
+    """The scope's sources. Their last deliveries come from the process's one
+    reader, which /metrics shares: it reads only what was stored since."""
+    return list_source_summaries(
+        session=session,
+        workspace_ids=scope.ids,
+        last_deliveries=_runtime(request).metrics.last_deliveries,
+    )
+
+
+def scope_of(session: Session, user: SignedIn) -> Scope:
+    caller = user.principal.caller
+    return Scope([w for w in list_workspaces(session=session) if caller.may_access(w.id)])
+
+
+# --- signing in and out --------------------------------------------------------------------
+
+
+@router.get("/sign-in")
+def sign_in_form(request: Request, next: str | None = None) -> HTMLResponse:
+    return _sign_in_page(request, next_path=next)
+
+
+def _sign_in_page(
+    request: Request, *, next_path: str | None, status: int = 200, error: str | None = None
+) -> HTMLResponse:
+    holder = Response()
+    csrf = auth.new_sign_in_form(holder, request)
+    page = render(
+        request,
+        "sign_in.html",
+        None,
+        status=status,
+        sign_in_csrf=csrf,
+        next_path=auth.safe_next(next_path),
+        error=error,
+    )
+    for name, value in holder.raw_headers:
+        if name == b"set-cookie":
+            page.raw_headers.append((name, value))
+    return page
+
+
+@router.post("/sign-in")
+async def sign_in(request: Request) -> Response:
+    form = await request.form()
+    next_path = str(form.get("next") or "")
+    if not auth.sign_in_form_is_ours(request, form):
+        return _sign_in_page(
+            request,
+            next_path=next_path,
+            status=403,
+            error="This sign-in form is out of date; sign in again.",
+        )
+    token = str(form.get("token") or "")
+    started = await run_in_threadpool(auth.sign_in, request, token) if token.strip() else None
+    if started is None:
+        return _sign_in_page(
+            request,
+            next_path=next_path,
+            status=401,
+            error="That token is not valid, or it was revoked.",
+        )
+    response = _redirect(auth.safe_next(next_path))
+    auth.set_session_cookie(response, request, started)
+    return response
+
+
+@router.post("/sign-out")
+async def sign_out(request: Request, user: User) -> Response:
+    await auth.checked_form(request, user)
+    response = _redirect(f"{PREFIX}/sign-in", "signed-out")
+    await run_in_threadpool(auth.sign_out, request, response)
+    return response
+
+
+# --- overview --------------------------------------------------------------------------------
+
+
+@router.get("/")
+def overview(request: Request, user: User) -> HTMLResponse:
+    now = datetime.now(UTC)
+
+    def work(session: Session) -> dict[str, Any]:
+        scope = scope_of(session, user)
+        stats = inbox_stats(session=session, workspace_ids=scope.ids, now=now)
+        rate = deliveries_per_minute(
+            session=session,
+            since=now - timedelta(hours=CHART_HOURS),
+            now=now,
+            workspace_ids=scope.ids,
+        )
+        sources = {s.slug for s in _sources(request, session, scope)}
+        found = gaps(
+            session=session, heartbeat_seconds=_runtime(request).settings.ingress_heartbeat_seconds
+        )
+        streams = dict(
+            session.execute(
+                select(EventStream.workspace_id, EventStream.last_position).where(
+                    EventStream.workspace_id.in_(scope.ids)
+                )
+            ).all()
+        )
+        return {
+            "stats": stats,
+            "chart": {
+                "minutes": [int(minute.timestamp()) for minute in rate.minutes],
+                "counts": rate.counts,
+            },
+            "catch_ups": [run for run in found.last_catch_ups if run.source in sources],
+            "workspaces": [(w, streams.get(w.id, 0)) for w in scope.workspaces],
+        }
+
+    context = read(request, work)
+    return render(request, "overview.html", user, page="overview", hours=CHART_HOURS, **context)
+
+
+# --- deliveries ------------------------------------------------------------------------------
+
+
+def _when(value: str | None, what: str) -> datetime | None:
+    """A datetime-local field's value (``2026-12-02T04:21``), taken as UTC."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise Refused(400, f"{what}: {value!r} is not a date and time") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _filter_from(values: Any, scope: Scope) -> DeliveryFilter:
+    """The deliveries filter a query string or a form names, within ``scope``."""
+    status = values.get("status") or None
+    if status is not None and status not in {s.value for s in DeliveryStatus}:
+        raise Refused(400, f"status: {status!r} is not a delivery status")
+    return DeliveryFilter(
+        status=status,
+        source=values.get("source") or None,
+        event=values.get("event") or None,
+        received_from=_when(values.get("since"), "since"),
+        received_until=_when(values.get("until"), "until"),
+        search=(values.get("q") or "").strip() or None,
+        workspace_ids=scope.ids,
+    )
+
+
+def _filter_fields(values: Any) -> dict[str, str]:
+    """The filter's fields as the form sent them, to carry into the next form."""
+    names = ("status", "source", "event", "since", "until", "q")
+    return {name: str(values.get(name)) for name in names if values.get(name)}
+
+
+def _before(value: str | None) -> int | None:
+    if not value:
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 2**31 - 1:
+        raise Refused(400, f"before: {value!r} is not a delivery id")
+    return int(value)
+
+
+@router.get("/deliveries")
+def deliveries(request: Request, user: User) -> HTMLResponse:
+    values = request.query_params
+    fields = _filter_fields(values)
+
+    def work(session: Session) -> dict[str, Any]:
+        scope = scope_of(session, user)
+        context: dict[str, Any] = {
+            "sources": _sources(request, session, scope),
+            "events": known_events(session=session, workspace_ids=scope.ids),
+        }
+        try:
+            found = _filter_from(values, scope)
+            before = _before(values.get("before"))
+        except Refused as refused:
+            return context | {"error": refused.message, "page_of": None}
+        except TaskStoreError as invalid:  # the filter's own checks (models.operations)
+            return context | {"error": str(invalid), "page_of": None}
+        return context | {
+            "page_of": list_deliveries(
+                session=session, filter=found, limit=PAGE_SIZE, before=before
+            ),
+            "before": before,
+        }
+
+    context = read(request, work)
+    page_of = context.get("page_of")
+    rows = page_of.deliveries if page_of else []
+    template = "delivery_rows.html" if values.get("fragment") == "rows" else "deliveries.html"
+    return render(
+        request,
+        template,
+        user,
+        status=400 if context.get("error") else 200,
+        page="deliveries",
+        fields=fields,
+        statuses=[status.value for status in DeliveryStatus],
+        rows=rows,
+        live_after=max((row.id for row in rows), default=_newest_id(request)),
+        watch=[row.id for row in rows if row.status in _IN_WORK],
+        older=_older_link(fields, page_of.next_before) if page_of else None,
+        replayable_statuses=sorted(BULK_REPLAYABLE),
+        **context,
+    )
+
+
+_IN_WORK = {DeliveryStatus.QUEUED.value, DeliveryStatus.PROCESSING.value}
+
+
+def _newest_id(request: Request) -> int:
+    return read(
+        request,
+        lambda session: (
+            session.scalar(select(Delivery.id).order_by(Delivery.id.desc()).limit(1)) or 0
+        ),
+    )
+
+
+def _older_link(fields: dict[str, str], next_before: int | None) -> str | None:
+    if next_before is None:
+        return None
+    return f"{PREFIX}/deliveries?" + urlencode(fields | {"before": str(next_before)})
+
+
+@router.get("/deliveries/{delivery_id:int}")
+def delivery(request: Request, user: User, delivery_id: int) -> HTMLResponse:
+    def work(session: Session) -> dict[str, Any]:
+        scope = scope_of(session, user)
+        detail = show_delivery(session=session, delivery_pk=delivery_id)
+        if scope.by_slug(detail.workspace) is None:
+            raise Refused(404, f"delivery {delivery_id} not found")
+        body, headers = session.execute(
+            select(Delivery.body, Delivery.headers).where(Delivery.id == delivery_id)
+        ).one()
+        events = []
+        if detail.summary.external_id:
+            found = lineage(
+                session=session,
+                workspace_slug=detail.workspace,
+                external_id=detail.summary.external_id,
+            )
+            events = timeline(found)
+        return {
+            "detail": detail,
+            "headers": redacted_headers(headers or {}),
+            "body": _pretty(body or b""),
+            "timeline": events,
+        }
+
+    context = read(request, work)
+    return render(
+        request,
+        "delivery.html",
+        user,
+        page="deliveries",
+        replayable=context["detail"].summary.status in REPLAYABLE,
+        **context,
+    )
+
+
+def _pretty(body: bytes) -> str:
+    """The body as a person reads it: JSON indented, anything else as text."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+@router.post("/deliveries/{delivery_id:int}/replay")
+async def replay_one(request: Request, user: User, delivery_id: int) -> Response:
+    await auth.checked_form(request, user)
+    auth.require_operator(user, "Replaying a delivery")
+
+    def work(session: Session) -> None:
+        scope = scope_of(session, user)
+        detail = show_delivery(session=session, delivery_pk=delivery_id)
+        if scope.by_slug(detail.workspace) is None:
+            raise Refused(404, f"delivery {delivery_id} not found")
+        replay(session=session, delivery_pk=delivery_id)
+
+    await run_in_threadpool(read, request, work)
+    # Committed: only now may a worker see the message (store, commit, enqueue).
+    _runtime(request).relay.submit(delivery_id)
+    return _redirect(f"{PREFIX}/deliveries/{delivery_id}", "replayed")
+
+
+# --- bulk replay -----------------------------------------------------------------------------
+
+
+@router.post("/replays/dry-run")
+async def replay_dry_run(request: Request, user: User) -> HTMLResponse:
+    form = await auth.checked_form(request, user)
+    auth.require_operator(user, "A bulk replay")
+
+    def work(session: Session) -> dict[str, Any]:
+        found = _filter_from(form, scope_of(session, user))
+        return {"count": count_replayable(session=session, filter=found), "criteria": found}
+
+    context = await run_in_threadpool(read, request, work)
+    return render(
+        request, "dry_run.html", user, page="deliveries", fields=_filter_fields(form), **context
+    )
+
+
+@router.post("/replays")
+async def replay_matching(request: Request, user: User) -> Response:
+    form = await auth.checked_form(request, user)
+    auth.require_operator(user, "A bulk replay")
+    runtime = _runtime(request)
+    expected = str(form.get("expected") or "")
+    scope = await run_in_threadpool(read, request, lambda s: scope_of(s, user))
+
+    def publish(keys: list[int]) -> None:
+        for key in keys:
+            runtime.relay.submit(key)
+
+    def work() -> None:
+        with runtime.store_errors():
+            bulk_replay(
+                sessions=runtime.sessions,
+                filter=_filter_from(form, scope),
+                name=str(form.get("name") or ""),
+                operator=user.principal.name,
+                expected=int(expected) if expected.isdigit() else None,
+                send=publish,
+            )
+
+    await run_in_threadpool(work)
+    return _redirect(f"{PREFIX}/operations", "replay-started")
+
+
+@router.get("/operations")
+def operations(request: Request, user: User) -> HTMLResponse:
+    found = read(request, lambda session: list_operations(session=session))
+    return render(request, "operations.html", user, page="operations", operations=found)
+
+
+# --- tasks and releases ----------------------------------------------------------------------
+
+
+@router.get("/tasks")
+def task(request: Request, user: User) -> HTMLResponse:
+    slug = request.query_params.get("workspace") or None
+    external_id = (request.query_params.get("external_id") or "").strip()
+    return _task_page(request, user, slug, external_id)
+
+
+def _task_page(
+    request: Request,
+    user: SignedIn,
+    slug: str | None,
+    external_id: str,
+    *,
+    status: int = 200,
+    error: str | None = None,
+    notice: str | None = None,
+) -> HTMLResponse:
+    def work(session: Session) -> dict[str, Any]:
+        scope = scope_of(session, user)
+        workspace = scope.by_slug(slug) or (scope.workspaces[0] if scope.workspaces else None)
+        context: dict[str, Any] = {"workspaces": scope.workspaces, "workspace": workspace}
+        if not external_id or workspace is None:
+            return context
+        if scope.by_slug(slug) is None:
+            return context | {"error": f"no workspace {slug!r}"}
+        found = lineage(session=session, workspace_slug=workspace.slug, external_id=external_id)
+        return context | {"found": found, "timeline": timeline(found)}
+
+    context = read(request, work)
+    error = error or context.pop("error", None)
+    return render(
+        request,
+        "task.html",
+        user,
+        status=status if not (error and status == 200) else 404,
+        page="tasks",
+        external_id=external_id,
+        error=error,
+        action_notice=notice,
+        **context,
+    )
+
+
+@router.post("/tasks/release")
+async def release(request: Request, user: User) -> HTMLResponse:
+    form = await auth.checked_form(request, user)
+    auth.require_operator(user, "Releasing an identity")
+    slug = str(form.get("workspace") or "")
+    external_id = str(form.get("external_id") or "").strip()
+    expected = str(form.get("expected_holder") or "").strip()
+    reason = str(form.get("reason") or "")
+    confirm = str(form.get("confirm") or "").strip()
+
+    def work(session: Session) -> None:
+        scope = scope_of(session, user)
+        workspace = scope.by_slug(slug)
+        if workspace is None:
+            raise Refused(404, f"no workspace {slug!r}")
+        if confirm != external_id:
+            raise Refused(400, f"Type the external id ({external_id}) to confirm the release.")
+        holder = task_named(session=session, workspace_slug=slug, identifier=expected)
+        if holder is None:
+            raise Refused(
+                400,
+                f"Expected holder: no task {expected!r} in workspace {slug}; "
+                "give the identifier of the task you looked at (like ACME-12).",
+            )
+        release_external_id(
+            session=session,
+            workspace_id=workspace.id,
+            external_id=external_id,
+            operator=user.principal.name,
+            reason=reason,
+            expected_task_id=holder.id,
+        )
+
+    try:
+        await run_in_threadpool(read, request, work)
+    except (Refused, TaskStoreError) as error:
+        status, message = (
+            (error.status, error.message)
+            if isinstance(error, Refused)
+            else (STATUS_OF_KIND[error.kind], str(error))
+        )
+        return _task_page(request, user, slug, external_id, status=status, error=message)
+    return _task_page(request, user, slug, external_id, notice=NOTICES["released"])
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+@router.get("/sources")
+def sources(request: Request, user: User) -> HTMLResponse:
+    found = read(
+        request,
+        lambda session: _sources(request, session, scope_of(session, user)),
+    )
+    settings = _runtime(request).settings
+    return render(
+        request,
+        "sources.html",
+        user,
+        page="sources",
+        sources=[(source, settings.webhook_url(source.provider, source.slug)) for source in found],
+    )
+
+
+def _visible_source(session: Session, user: SignedIn, slug: str):
+    source = get_source(session=session, slug=slug)
+    if not user.principal.caller.may_access(source.workspace_id):
+        raise Refused(404, f"no source {slug!r}")
+    return source
+
+
+@router.post("/sources/{slug}/rotate-secret")
+async def rotate_secret(request: Request, user: User, slug: str) -> HTMLResponse:
+    await auth.checked_form(request, user)
+    auth.require_operator(user, "Rotating a secret")
+    secret = secrets.token_urlsafe(32)
+
+    def work(session: Session):
+        _visible_source(session, user, slug)
+        return add_secret(session=session, slug=slug, new_secret=secret)
+
+    source = await run_in_threadpool(read, request, work)
+    page = render(request, "secret.html", user, page="sources", source=source, secret=secret)
+    # Shown once: no cache, no history entry a back button could bring back.
+    page.headers["Cache-Control"] = "no-store"
+    return page
+
+
+@router.post("/sources/{slug}/finish-rotation")
+async def finish_rotation(request: Request, user: User, slug: str) -> Response:
+    await auth.checked_form(request, user)
+    auth.require_operator(user, "Finishing a rotation")
+
+    def work(session: Session) -> int:
+        _visible_source(session, user, slug)
+        return retire_older_secrets(session=session, slug=slug)
+
+    await run_in_threadpool(read, request, work)
+    return _redirect(f"{PREFIX}/sources", "rotation-finished")
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+@router.get("/tokens")
+def tokens(request: Request, user: User) -> HTMLResponse:
+    def work(session: Session) -> dict[str, Any]:
+        scope = scope_of(session, user)
+        slugs = {w.id: w.slug for w in scope.workspaces}
+        # A token that may also see a workspace of someone else's is shown
+        # (it can see one of ours), but is not ours to revoke.
+        revocable = {
+            token.id
+            for token, workspaces in list_tokens(session=session)
+            if set(workspaces) <= scope.ids
+        }
+        return {
+            "tokens": [
+                (token, [slugs[w] for w in workspaces], token.id in revocable)
+                for token, workspaces in list_tokens(session=session, workspace_ids=scope.ids)
+            ]
+        }
+
+    return render(request, "tokens.html", user, page="tokens", **read(request, work))
+
+
+@router.post("/tokens/{token_id:int}/revoke")
+async def revoke(request: Request, user: User, token_id: int) -> Response:
+    await auth.checked_form(request, user)
+    auth.require_operator(user, "Revoking a token")
+
+    def work(session: Session) -> None:
+        revoke_token(session=session, token_id=token_id, workspace_ids=scope_of(session, user).ids)
+
+    await run_in_threadpool(read, request, work)
+    return _redirect(f"{PREFIX}/tokens", "revoked")

@@ -1,0 +1,581 @@
+"""The console over HTTP, on SQLite and PostgreSQL: sign-in and sessions, who
+may act, CSRF, the security headers, escaping, and each action's effect in
+the store. The same pages in a real browser: tests/e2e/test_console.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, text
+
+from ingest.app import create_app
+from ingest.console import pages as console_pages
+from ingest.console.pages import web_link
+from models.db import session_scope
+from models.settings import Settings
+from models.sources import add_source
+from models.tables import ConsoleSession, Delivery, SourceSecret
+from models.tokens import issue_token
+from tests.conftest import Store
+from tests.deliveries import fixture, github_headers
+
+SECRET = "gh-console-secret"
+XSS_TITLE = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+TEMPLATES = Path(__file__).resolve().parents[3] / "ingest" / "console" / "templates"
+
+
+@dataclass
+class Console:
+    client: TestClient
+    store: Store
+    acme: int
+    globex: int
+    tokens: dict[str, str]
+    published: list[int]
+
+    def sign_in(self, who: str) -> str:
+        """Sign in as token ``who``; the CSRF token of the session."""
+        self.client.cookies.clear()
+        form = self.client.get("/console/sign-in")
+        answer = self.client.post(
+            "/console/sign-in",
+            data={"token": self.tokens[who], "csrf": _csrf(form.text), "next": "/console/"},
+            follow_redirects=False,
+        )
+        assert answer.status_code == 303, answer.text
+        return _csrf(self.client.get("/console/").text)
+
+    def post(self, path: str, csrf: str | None, **fields: str):
+        data = fields | ({"csrf": csrf} if csrf is not None else {})
+        return self.client.post(path, data=data, follow_redirects=False)
+
+    def deliver(self, title: str = "Fix the login page", number: int = 1) -> int:
+        """A signed GitHub ``issues.opened`` for issue ``number``; its inbox id."""
+        document = json.loads(fixture("github", "issues__opened"))
+        document["issue"]["title"] = title
+        document["issue"]["number"] = number
+        body = json.dumps(document).encode()
+        sent = github_headers("issues__opened", body, SECRET, delivery=f"console-{number}")
+        answer = self.client.post("/webhooks/github/acme-github", content=body, headers=sent)
+        assert answer.status_code == 202, answer.text
+        with self.store.sessions() as session:
+            return session.scalar(
+                select(Delivery.id).where(Delivery.delivery_id == f"console-{number}")
+            )
+
+    def status_of(self, delivery: int) -> str:
+        return self.store.scalar("SELECT status FROM deliveries WHERE id = :d", d=delivery)
+
+    def kill(self, *deliveries: int) -> None:
+        """Mark deliveries dead, as many failed attempts would."""
+        with self.store.engine.begin() as connection:
+            for delivery in deliveries:
+                connection.execute(
+                    text("UPDATE deliveries SET status = 'dead' WHERE id = :d"), {"d": delivery}
+                )
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+def _console(store: Store, **settings) -> Iterator[Console]:
+    acme, globex = store.workspace("acme", "ACME"), store.workspace("globex", "GLX")
+    tokens = {}
+    with session_scope(store.sessions) as session:
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=acme.id,
+            slug="acme-github",
+            secret=SECRET,
+            create_events=["issues.opened"],
+        )
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=globex.id,
+            slug="globex-github",
+            secret=SECRET,
+            create_events=["issues.opened"],
+        )
+        for name, role, workspace in [
+            ("acme-member", "member", acme.id),
+            ("acme-operator", "operator", acme.id),
+            ("globex-operator", "operator", globex.id),
+        ]:
+            tokens[name] = issue_token(
+                session=session, name=name, role=role, workspace_ids=[workspace]
+            ).token
+    published: list[int] = []
+    app = create_app(
+        Settings(database_url=store.url, source_cache_seconds=0, **settings),
+        publish=published.extend,
+    )
+    with TestClient(app) as client:
+        yield Console(client, store, acme.id, globex.id, tokens, published)
+
+
+@pytest.fixture
+def console(store: Store) -> Iterator[Console]:
+    yield from _console(store)
+
+
+# --- signing in -----------------------------------------------------------------------------
+
+
+def test_a_wrong_token_is_refused_and_starts_no_session(console: Console) -> None:
+    form = console.client.get("/console/sign-in")
+    answer = console.client.post(
+        "/console/sign-in", data={"token": "th_not-a-token", "csrf": _csrf(form.text)}
+    )
+    assert answer.status_code == 401
+    assert "not valid" in answer.text
+    assert "taskhook_session" not in answer.headers.get("set-cookie", "")
+    assert console.store.scalar("SELECT count(*) FROM console_sessions") == 0
+
+
+def test_a_sign_in_form_from_elsewhere_is_refused(console: Console) -> None:
+    console.client.get("/console/sign-in")
+    answer = console.client.post(
+        "/console/sign-in", data={"token": console.tokens["acme-operator"], "csrf": "forged"}
+    )
+    assert answer.status_code == 403
+    assert console.store.scalar("SELECT count(*) FROM console_sessions") == 0
+
+
+def test_the_session_cookie_is_http_only_strict_and_expires(console: Console) -> None:
+    form = console.client.get("/console/sign-in")
+    answer = console.client.post(
+        "/console/sign-in",
+        data={"token": console.tokens["acme-member"], "csrf": _csrf(form.text)},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 303 and answer.headers["location"] == "/console/"
+    cookie = next(c for c in answer.headers.get_list("set-cookie") if "taskhook_session=" in c)
+    flags = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+    assert {"httponly", "max-age", "expires", "path"} <= flags
+    assert "samesite=strict" in cookie.lower()
+    assert "secure" not in flags  # plain http here
+    # The token never reaches a cookie or a page.
+    assert console.tokens["acme-member"] not in answer.headers.get("set-cookie", "")
+
+
+def test_over_https_the_cookie_is_secure(store: Store) -> None:
+    for console in _console(store):
+        https = TestClient(console.client.app, base_url="https://testserver")
+        form = https.get("/console/sign-in")
+        answer = https.post(
+            "/console/sign-in",
+            data={"token": console.tokens["acme-member"], "csrf": _csrf(form.text)},
+            follow_redirects=False,
+        )
+        cookie = next(c for c in answer.headers.get_list("set-cookie") if "taskhook_session=" in c)
+        assert "secure" in {part.strip().lower() for part in cookie.split(";")}
+
+
+def test_a_signed_out_browser_is_sent_to_sign_in_and_back(console: Console) -> None:
+    answer = console.client.get("/console/deliveries?status=dead", follow_redirects=False)
+    assert answer.status_code == 303
+    assert (
+        answer.headers["location"]
+        == "/console/sign-in?next=%2Fconsole%2Fdeliveries%3Fstatus%3Ddead"
+    )
+
+
+def test_signing_in_never_sends_the_browser_to_another_site(console: Console) -> None:
+    form = console.client.get("/console/sign-in")
+    answer = console.client.post(
+        "/console/sign-in",
+        data={
+            "token": console.tokens["acme-member"],
+            "csrf": _csrf(form.text),
+            "next": "//evil.example/console/",
+        },
+        follow_redirects=False,
+    )
+    assert answer.headers["location"] == "/console/"
+
+
+def test_signing_out_ends_the_session(console: Console) -> None:
+    csrf = console.sign_in("acme-member")
+    key = console.client.cookies["taskhook_session"]
+    answer = console.post("/console/sign-out", csrf)
+    assert answer.status_code == 303
+    assert console.store.scalar("SELECT count(*) FROM console_sessions") == 0
+    console.client.cookies.set("taskhook_session", key)  # the old cookie, kept by someone
+    assert console.client.get("/console/", follow_redirects=False).status_code == 303
+
+
+def test_a_revoked_tokens_session_ends(console: Console) -> None:
+    console.sign_in("acme-member")
+    with session_scope(console.store.sessions) as session:
+        session.execute(text("UPDATE api_tokens SET revoked_at = created_at"))
+    assert console.client.get("/console/", follow_redirects=False).status_code == 303
+    with console.store.sessions() as session:
+        assert session.scalars(select(ConsoleSession)).all() == []
+
+
+# --- who may act ------------------------------------------------------------------------
+
+
+def test_a_member_sees_every_view_but_no_action(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    console.sign_in("acme-member")
+    for path in [
+        "/console/",
+        "/console/deliveries",
+        f"/console/deliveries/{delivery}",
+        "/console/tasks?workspace=acme&external_id=gh-issue/Codertocat/Hello-World%231",
+        "/console/sources",
+        "/console/tokens",
+        "/console/operations",
+    ]:
+        page = console.client.get(path)
+        assert page.status_code == 200, (path, page.text)
+        for action in (
+            'id="replay"',
+            'id="dry-run"',
+            'id="release"',
+            'class="rotate"',
+            'class="revoke"',
+        ):
+            assert action not in page.text, (path, action)
+
+
+def test_a_member_cannot_replay(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    csrf = console.sign_in("acme-member")
+    answer = console.post(f"/console/deliveries/{delivery}/replay", csrf)
+    assert answer.status_code == 403
+    assert "operator" in answer.text
+    assert console.status_of(delivery) == "dead"
+
+
+def test_an_action_without_the_sessions_csrf_token_is_refused(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    console.sign_in("acme-operator")
+    for csrf in (None, "forged"):
+        answer = console.post(f"/console/deliveries/{delivery}/replay", csrf)
+        assert answer.status_code == 403
+    assert console.status_of(delivery) == "dead"
+
+
+def test_an_action_from_another_origin_is_refused(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    csrf = console.sign_in("acme-operator")
+    answer = console.client.post(
+        f"/console/deliveries/{delivery}/replay",
+        data={"csrf": csrf},
+        headers={"Origin": "https://evil.example"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 403
+    assert console.status_of(delivery) == "dead"
+
+
+def test_no_get_takes_an_action(console: Console) -> None:
+    """Every route that acts answers POST only; a GET of it changes nothing."""
+    # The sign-in form's GET only shows the form.
+    acting = [
+        route
+        for route in console_pages.router.routes
+        if "POST" in route.methods and route.path != "/console/sign-in"
+    ]
+    assert len(acting) >= 8
+    console.sign_in("acme-operator")
+    for route in acting:
+        assert "GET" not in route.methods, route.path
+        path = route.path.replace("{delivery_id:int}", "1").replace("{token_id:int}", "1")
+        answer = console.client.get(path.replace("{slug}", "acme-github"), follow_redirects=False)
+        assert answer.status_code == 405, route.path
+
+
+def test_an_operator_replays_a_delivery(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    console.published.clear()
+    csrf = console.sign_in("acme-operator")
+    answer = console.post(f"/console/deliveries/{delivery}/replay", csrf)
+    assert answer.status_code == 303
+    assert console.status_of(delivery) == "queued"
+    assert "queued again" in console.client.get(answer.headers["location"]).text
+
+
+def test_another_workspaces_delivery_answers_not_found(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    csrf = console.sign_in("globex-operator")
+    assert console.client.get(f"/console/deliveries/{delivery}").status_code == 404
+    assert console.post(f"/console/deliveries/{delivery}/replay", csrf).status_code == 404
+    assert console.status_of(delivery) == "dead"
+    page = console.client.get("/console/deliveries")
+    assert f'data-delivery-id="{delivery}"' not in page.text
+
+
+# --- safety ---------------------------------------------------------------------------------
+
+
+def test_every_console_response_forbids_inline_script(console: Console) -> None:
+    console.sign_in("acme-member")
+    for path in ["/console/sign-in", "/console/", "/console/deliveries", "/console/no-such-page"]:
+        answer = console.client.get(path)
+        policy = answer.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+        assert "frame-ancestors 'none'" in policy
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["cache-control"] == "no-store"
+
+
+def test_the_templates_hold_no_inline_script_or_handler() -> None:
+    for template in TEMPLATES.glob("*.html"):
+        source = template.read_text()
+        for tag in re.findall(r"<script\b[^>]*>", source):
+            assert "src=" in tag or 'type="application/json"' in tag, (template.name, tag)
+        assert not re.search(r"\son[a-z]+\s*=", source), template.name
+        assert not re.search(r"\sstyle\s*=", source), template.name
+        assert "|safe" not in source.replace(" ", ""), template.name
+
+
+def test_webhook_text_is_shown_as_text(console: Console) -> None:
+    delivery = console.deliver(title=XSS_TITLE)
+    console.sign_in("acme-operator")
+    page = console.client.get(f"/console/deliveries/{delivery}").text
+    assert "<script>alert(1)" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_a_task_title_is_shown_as_text(console: Console) -> None:
+    created = console.client.post(
+        "/api/v1/tasks",
+        json={"workspace_id": console.acme, "title": XSS_TITLE, "external_id": "jira:XSS-1"},
+        headers={"Authorization": f"Bearer {console.tokens['acme-operator']}"},
+    )
+    assert created.status_code == 200, created.text
+    console.sign_in("acme-member")
+    page = console.client.get("/console/tasks?workspace=acme&external_id=jira:XSS-1").text
+    assert "<script>alert(1)" not in page
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page
+
+
+def test_only_web_links_become_links() -> None:
+    assert web_link("https://github.com/o/r/issues/1") == "https://github.com/o/r/issues/1"
+    for url in ("javascript:alert(1)", "data:text/html,x", "JaVaScRiPt:alert(1)", "", None):
+        assert web_link(url) == ""
+
+
+# --- the event stream and CORS -------------------------------------------------------------
+
+
+def test_the_event_stream_takes_the_session_cookie(console: Console) -> None:
+    url = f"/api/v1/workspaces/{console.acme}/events"
+    assert console.client.get(url).status_code == 401
+    console.sign_in("acme-member")
+    assert console.client.get(url).status_code == 200
+    assert console.client.get(f"/api/v1/workspaces/{console.globex}/events").status_code == 404
+
+
+def test_nothing_else_in_the_api_takes_the_cookie(console: Console) -> None:
+    console.sign_in("acme-operator")
+    answer = console.client.post(
+        "/api/v1/tasks", json={"workspace_id": console.acme, "title": "by cookie"}
+    )
+    assert answer.status_code == 401
+    assert console.store.scalar("SELECT count(*) FROM tasks") == 0
+
+
+def test_cors_is_closed_unless_origins_are_listed(console: Console) -> None:
+    preflight = console.client.options(
+        "/api/v1/tasks",
+        headers={"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"},
+    )
+    assert "access-control-allow-origin" not in preflight.headers
+    answer = console.client.get("/healthz", headers={"Origin": "https://app.example.com"})
+    assert "access-control-allow-origin" not in answer.headers
+
+
+def test_a_listed_origin_may_call_the_api(store: Store) -> None:
+    for console in _console(store, cors_origins=["https://app.example.com"]):
+        preflight = console.client.options(
+            f"/api/v1/workspaces/{console.acme}/events",
+            headers={
+                "Origin": "https://app.example.com",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "authorization, last-event-id",
+            },
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "https://app.example.com"
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        other = console.client.options(
+            "/api/v1/tasks",
+            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert "access-control-allow-origin" not in other.headers
+
+
+# --- deliveries, bulk replay ---------------------------------------------------------------
+
+
+def test_filtering_and_searching_deliveries(console: Console) -> None:
+    first, second = console.deliver(number=1), console.deliver(number=2)
+    console.kill(second)
+    console.sign_in("acme-member")
+    dead = console.client.get("/console/deliveries?status=dead").text
+    assert f'data-delivery-id="{second}"' in dead and f'data-delivery-id="{first}"' not in dead
+    found = console.client.get("/console/deliveries?q=console-1").text
+    assert f'data-delivery-id="{first}"' in found and f'data-delivery-id="{second}"' not in found
+    by_external_id = console.client.get(
+        "/console/deliveries", params={"q": "gh-issue/Codertocat/Hello-World#2"}
+    ).text
+    assert f'data-delivery-id="{second}"' in by_external_id
+    assert f'data-delivery-id="{first}"' not in by_external_id
+
+
+def test_a_bad_filter_is_a_clear_400(console: Console) -> None:
+    console.sign_in("acme-member")
+    for query in ("status=nonsense", "since=yesterday", "before=x"):
+        answer = console.client.get(f"/console/deliveries?{query}")
+        assert answer.status_code == 400, query
+        assert 'class="error"' in answer.text
+
+
+def test_bulk_replay_counts_first_then_runs_named(console: Console) -> None:
+    deliveries = [console.deliver(number=n) for n in range(1, 4)]
+    console.kill(*deliveries[:2])
+    console.published.clear()
+    csrf = console.sign_in("acme-operator")
+    dry = console.post("/console/replays/dry-run", csrf, status="dead")
+    assert dry.status_code == 200
+    assert re.search(r'id="dry-run-count">2<', dry.text)
+    assert [console.status_of(d) for d in deliveries[:2]] == ["dead", "dead"]
+    run = console.post(
+        "/console/replays", _csrf(dry.text), status="dead", expected="2", name="after the outage"
+    )
+    assert run.status_code == 303 and run.headers["location"].startswith("/console/operations")
+    assert [console.status_of(d) for d in deliveries[:2]] == ["queued", "queued"]
+    history = console.client.get("/console/operations").text
+    assert "after the outage" in history and "acme-operator" in history
+    assert console.store.scalar("SELECT matched FROM operations") == 2
+
+
+def test_a_bulk_replay_needs_a_name(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    csrf = console.sign_in("acme-operator")
+    answer = console.post("/console/replays", csrf, status="dead", name="  ")
+    assert answer.status_code == 400
+    assert console.status_of(delivery) == "dead"
+
+
+# --- release, sources, tokens --------------------------------------------------------------
+
+
+def _task(console: Console, external_id: str = "jira:REL-1") -> dict:
+    created = console.client.post(
+        "/api/v1/tasks",
+        json={"workspace_id": console.acme, "title": "Held", "external_id": external_id},
+        headers={"Authorization": f"Bearer {console.tokens['acme-operator']}"},
+    )
+    assert created.status_code == 200, created.text
+    return created.json()
+
+
+def test_release_needs_the_right_holder_a_reason_and_the_typed_id(console: Console) -> None:
+    held = _task(console)
+    csrf = console.sign_in("acme-operator")
+    release = {"workspace": "acme", "external_id": "jira:REL-1", "reason": "abandoned"}
+    wrong = console.post(
+        "/console/tasks/release", csrf, **release, expected_holder="ACME-99", confirm="jira:REL-1"
+    )
+    assert wrong.status_code == 400 and 'class="error"' in wrong.text
+    untyped = console.post(
+        "/console/tasks/release", csrf, **release, expected_holder=held["identifier"], confirm="x"
+    )
+    assert untyped.status_code == 400
+    no_reason = console.post(
+        "/console/tasks/release",
+        csrf,
+        **(release | {"reason": " "}),
+        expected_holder=held["identifier"],
+        confirm="jira:REL-1",
+    )
+    assert no_reason.status_code == 400
+    assert console.store.scalar("SELECT count(*) FROM identity_releases") == 0
+    done = console.post(
+        "/console/tasks/release",
+        csrf,
+        **release,
+        expected_holder=held["identifier"],
+        confirm="jira:REL-1",
+    )
+    assert done.status_code == 200 and 'class="notice"' in done.text
+    assert console.store.scalar("SELECT operator FROM identity_releases") == "acme-operator"
+
+
+def test_release_by_another_holder_is_a_conflict(console: Console) -> None:
+    first = _task(console, "jira:REL-2")
+    other = _task(console, "jira:REL-3")
+    csrf = console.sign_in("acme-operator")
+    answer = console.post(
+        "/console/tasks/release",
+        csrf,
+        workspace="acme",
+        external_id="jira:REL-2",
+        reason="abandoned",
+        expected_holder=other["identifier"],
+        confirm="jira:REL-2",
+    )
+    assert answer.status_code == 409
+    assert first["identifier"] in answer.text
+    assert console.store.scalar("SELECT count(*) FROM identity_releases") == 0
+
+
+def test_rotating_a_secret_shows_it_once_then_finishes(console: Console) -> None:
+    csrf = console.sign_in("acme-operator")
+    rotated = console.post("/console/sources/acme-github/rotate-secret", csrf)
+    assert rotated.status_code == 200
+    secret = re.search(r'id="new-secret">([^<]+)<', rotated.text).group(1)
+    with console.store.sessions() as session:
+        stored = session.scalars(select(SourceSecret.secret)).all()
+    assert secret in stored
+    assert secret not in console.client.get("/console/sources").text
+    assert "rotating" in console.client.get("/console/sources").text
+    finished = console.post("/console/sources/acme-github/finish-rotation", csrf)
+    assert finished.status_code == 303
+    assert "rotating" not in console.client.get("/console/sources").text
+
+
+def test_another_workspaces_source_cannot_be_rotated(console: Console) -> None:
+    csrf = console.sign_in("acme-operator")
+    answer = console.post("/console/sources/globex-github/rotate-secret", csrf)
+    assert answer.status_code == 404
+    assert console.store.scalar("SELECT count(*) FROM source_secrets") == 2
+
+
+def test_revoking_a_token(console: Console) -> None:
+    csrf = console.sign_in("acme-operator")
+    page = console.client.get("/console/tokens").text
+    assert "acme-member" in page and "globex-operator" not in page
+    with console.store.sessions() as session:
+        member = session.execute(
+            text("SELECT id FROM api_tokens WHERE name = 'acme-member'")
+        ).scalar()
+        foreign = session.execute(
+            text("SELECT id FROM api_tokens WHERE name = 'globex-operator'")
+        ).scalar()
+    assert console.post(f"/console/tokens/{foreign}/revoke", csrf).status_code == 404
+    assert console.post(f"/console/tokens/{member}/revoke", csrf).status_code == 303
+    assert console.store.scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL") == 1
