@@ -66,6 +66,45 @@ start_local_services() {
     fi
 }
 
+# apt_install WHAT PACKAGE...: install Debian packages, as root or through
+# `sudo -n` (never a password prompt). Stale package lists are refreshed once
+# per run, when an install first fails. apt's output goes to $VENV/apt.log,
+# shown only when the install fails. Without apt-get, nothing is tried.
+APT_LISTS_REFRESHED=${APT_LISTS_REFRESHED:-}
+apt_install() {
+    local what=$1
+    shift
+    command -v apt-get >/dev/null || return 1
+    local sudo="" log="$VENV/apt.log"
+    if [ "$(id -u)" -ne 0 ]; then
+        sudo="sudo -n"
+    fi
+    echo "==> installing $what"
+    local install=(env DEBIAN_FRONTEND=noninteractive
+        apt-get install -y --no-install-recommends "$@")
+    $sudo "${install[@]}" >"$log" 2>&1 && return 0
+    if [ -z "$APT_LISTS_REFRESHED" ]; then
+        APT_LISTS_REFRESHED=1
+        { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update && $sudo "${install[@]}"; } \
+            >>"$log" 2>&1 && return 0
+    fi
+    cat "$log" >&2
+    return 1
+}
+
+# require_commands CONSEQUENCE COMMAND...: say which COMMANDs are still not on
+# PATH and what that breaks; in CI (CI=true) a missing one fails the run.
+require_commands() {
+    local consequence=$1 missing=() command
+    shift
+    for command in "$@"; do
+        command -v "$command" >/dev/null || missing+=("$command")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "!! ${missing[*]} missing; $consequence" >&2
+    [ "${CI:-}" != "true" ]
+}
+
 # ensure_promtool: promtool (from Debian's prometheus package) checks and
 # unit-tests the alerting rules in deploy/prometheus/ (tests/deploy). When it
 # is not on PATH, install the package; if that install started a Prometheus
@@ -73,33 +112,29 @@ start_local_services() {
 # nobody asked for a server. In CI (CI=true) a promtool still missing fails.
 ensure_promtool() {
     command -v promtool >/dev/null && return 0
-    local sudo="" log="$VENV/apt.log" before pid
-    if [ "$(id -u)" -ne 0 ]; then
-        sudo="sudo -n"
-    fi
-    if command -v apt-get >/dev/null; then
-        echo "==> installing promtool (Debian's prometheus package)"
-        before=" $(pgrep -x prometheus | tr '\n' ' ' || true) "
-        local install=(env DEBIAN_FRONTEND=noninteractive
-            apt-get install -y --no-install-recommends prometheus)
-        if ! $sudo "${install[@]}" >"$log" 2>&1; then
-            # Stale package lists: refresh them once, then try again.
-            { $sudo env DEBIAN_FRONTEND=noninteractive apt-get update && $sudo "${install[@]}"; } \
-                >>"$log" 2>&1 || cat "$log" >&2
-        fi
-        for pid in $(pgrep -x prometheus || true); do
-            case "$before" in
-            *" $pid "*) ;;
-            *)
-                echo "==> stopping the Prometheus server the install started (pid $pid)"
-                kill "$pid" || true
-                ;;
-            esac
-        done
-    fi
-    if ! command -v promtool >/dev/null; then
-        echo "!! promtool is missing (apt-get install prometheus); tests/deploy will fail" >&2
-        [ "${CI:-}" != "true" ] || return 1
-    fi
-    return 0
+    local before pid
+    before=" $(pgrep -x prometheus | tr '\n' ' ' || true) "
+    apt_install "promtool (Debian's prometheus package)" prometheus || true
+    for pid in $(pgrep -x prometheus || true); do
+        case "$before" in
+        *" $pid "*) ;;
+        *)
+            echo "==> stopping the Prometheus server the install started (pid $pid)"
+            kill "$pid" || true
+            ;;
+        esac
+    done
+    require_commands "tests/deploy will fail (apt-get install prometheus)" promtool
+}
+
+# ensure_chromium: the console's browser tests (tests/e2e/test_console.py)
+# drive Debian's chromium through Playwright, never a browser Playwright
+# downloads. When chromium or chromedriver is not on PATH, install both
+# packages. In CI (CI=true) either one still missing fails.
+ensure_chromium() {
+    command -v chromium >/dev/null && command -v chromedriver >/dev/null && return 0
+    apt_install "chromium (Debian's chromium and chromium-driver packages)" \
+        chromium chromium-driver || true
+    require_commands "the console's browser tests will fail (apt-get install chromium chromium-driver)" \
+        chromium chromedriver
 }

@@ -37,6 +37,7 @@ from models.inbox import FINISHED
 from models.settings import Settings
 from models.tables import Base, Delivery
 from tests.brokers import BROKERS, rabbitmq_vhost
+from tests.e2e.browser import browser, browser_log, page  # noqa: F401 (fixtures)
 from worker.celery_app import make_celery_app
 
 ROOT = Path(__file__).resolve().parents[2]
