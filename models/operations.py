@@ -375,6 +375,7 @@ def bulk_replay(
             name=name,
             operator=operator,
             criteria=filter.criteria(),
+            scope=None if filter.workspace_ids is None else sorted(filter.workspace_ids),
             expected=expected,
             matched=matched,
             done=0,
@@ -447,16 +448,24 @@ def _said(error: BaseException) -> str:
     return (f"{type(error).__name__}: {text[0]}" if text else type(error).__name__)[:1000]
 
 
-def list_operations(*, session: Session, limit: int = 50) -> list[OperationView]:
-    """The history, newest first."""
+def list_operations(
+    *, session: Session, limit: int = 50, workspace_ids: frozenset[int] | None = None
+) -> list[OperationView]:
+    """The history, newest first; with ``workspace_ids``, only the runs that
+    could reach nothing else (a run from the CLI could reach every workspace,
+    so a scoped caller never sees it). The history is small and read rarely:
+    the scope is checked here, not in SQL, where JSON differs by database."""
     if not 1 <= limit <= MAX_OPERATIONS_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_OPERATIONS_PAGE}")
-    return [
-        _view(operation)
-        for operation in session.scalars(
-            select(Operation).order_by(Operation.id.desc()).limit(limit)
-        )
-    ]
+    found = []
+    for operation in session.scalars(select(Operation).order_by(Operation.id.desc())):
+        if workspace_ids is None or (
+            operation.scope is not None and set(operation.scope) <= workspace_ids
+        ):
+            found.append(_view(operation))
+            if len(found) == limit:
+                break
+    return found
 
 
 def get_operation(*, session: Session, operation_id: int) -> OperationView:

@@ -525,6 +525,10 @@ class Operation(Base):
     operator: Mapped[str] = mapped_column(String(200))
     #: The filter as given (``models.operations.DeliveryFilter``), as JSON.
     criteria: Mapped[dict] = mapped_column(JSON)
+    #: The workspaces the run could reach (its token's), as a JSON list of
+    #: ids; None: every workspace (a run from the CLI). The console shows a
+    #: run only to a token that may see all of them.
+    scope: Mapped[list | None] = mapped_column(JSON)
     #: The dry run's count the operator saw; then what the run found and did.
     expected: Mapped[int | None] = mapped_column(Integer)
     matched: Mapped[int] = mapped_column(Integer, default=0)

@@ -38,6 +38,7 @@ from models.inbox import FINISHED
 from models.tables import Delivery, WebhookSource
 
 POLL_SECONDS = 1.0
+#: When a stream closes by default (``?timeout=`` says otherwise); EventSource reconnects.
 STREAM_SECONDS = 120.0
 MAX_WATCHED = 200
 #: New deliveries one look reports; more wait for the next look.
@@ -50,6 +51,7 @@ async def deliveries_live(
     user: User,
     after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     watch: Annotated[str, Query(max_length=MAX_WATCHED * 11)] = "",
+    timeout: Annotated[float, Query(gt=0, le=300)] = STREAM_SECONDS,
 ) -> Response:
     try:
         watched = {int(part) for part in watch.split(",") if part}
@@ -64,7 +66,7 @@ async def deliveries_live(
     except StreamsFull as full:
         raise Refused(429, str(full)) from None
     return SlotHoldingStream(
-        _changes(request, workspace_ids, after, watched),
+        _changes(request, workspace_ids, after, watched, timeout),
         give_back=give_back,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -72,10 +74,10 @@ async def deliveries_live(
 
 
 async def _changes(
-    request: Request, workspace_ids: frozenset[int], cursor: int, watched: set[int]
+    request: Request, workspace_ids: frozenset[int], cursor: int, watched: set[int], timeout: float
 ) -> AsyncIterator[str]:
     statuses: dict[int, str | None] = dict.fromkeys(watched)
-    closes_at = time.monotonic() + STREAM_SECONDS
+    closes_at = time.monotonic() + timeout
     yield "retry: 1000\n\n"
     while not await request.is_disconnected() and time.monotonic() < closes_at:
         new, now = await run_in_threadpool(
@@ -102,18 +104,16 @@ def _look(
     session: Session, *, workspace_ids: frozenset[int], cursor: int, watched: list[int]
 ) -> tuple[list[tuple[int, str]], dict[int, str]]:
     """Deliveries after ``cursor`` in the workspaces, and the watched ones' statuses."""
-    new = session.execute(
+    visible = (
         select(Delivery.id, Delivery.status)
         .join(WebhookSource, WebhookSource.id == Delivery.source_id)
-        .where(Delivery.id > cursor, WebhookSource.workspace_id.in_(workspace_ids))
-        .order_by(Delivery.id)
-        .limit(MAX_NEW)
+        .where(WebhookSource.workspace_id.in_(workspace_ids))
+    )
+    new = session.execute(
+        visible.where(Delivery.id > cursor).order_by(Delivery.id).limit(MAX_NEW)
     ).all()
     now = {}
     if watched:
-        now = dict(
-            session.execute(
-                select(Delivery.id, Delivery.status).where(Delivery.id.in_(watched))
-            ).all()
-        )
+        # Only the workspaces' own: an id of another's is never answered.
+        now = dict(session.execute(visible.where(Delivery.id.in_(watched))).all())
     return [(key, status) for key, status in new], now

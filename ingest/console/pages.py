@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
@@ -66,7 +67,7 @@ from models.reports import (
     timeline,
 )
 from models.sources import add_secret, get_source, retire_older_secrets
-from models.tables import Delivery, EventStream
+from models.tables import Delivery, EventStream, WebhookSource
 from models.tasks import release_external_id
 from models.tokens import list_tokens, revoke_token
 
@@ -155,9 +156,10 @@ def _redirect(path: str, done: str | None = None) -> RedirectResponse:
 
 @dataclass(frozen=True)
 class Scope:
-    """The workspaces the signed-in token may see."""
+    """The workspaces the signed-in token may see, and their sources' slugs."""
 
     workspaces: list[WorkspaceSummary]
+    sources: frozenset[str]
 
     @property
     def ids(self) -> frozenset[int]:
@@ -179,7 +181,11 @@ def _sources(request: Request, session: Session, scope: Scope) -> list[SourceSum
 
 def scope_of(session: Session, user: SignedIn) -> Scope:
     caller = user.principal.caller
-    return Scope([w for w in list_workspaces(session=session) if caller.may_access(w.id)])
+    workspaces = [w for w in list_workspaces(session=session) if caller.may_access(w.id)]
+    sources = session.scalars(
+        select(WebhookSource.slug).where(WebhookSource.workspace_id.in_([w.id for w in workspaces]))
+    )
+    return Scope(workspaces, frozenset(sources))
 
 
 # --- signing in and out --------------------------------------------------------------------
@@ -303,9 +309,13 @@ def _filter_from(values: Any, scope: Scope) -> DeliveryFilter:
     status = values.get("status") or None
     if status is not None and status not in {s.value for s in DeliveryStatus}:
         raise Refused(400, f"status: {status!r} is not a delivery status")
+    source = values.get("source") or None
+    if source is not None and source not in scope.sources:
+        # Another workspace's source answers like one that does not exist.
+        raise Refused(404, f"no source {source!r}")
     return DeliveryFilter(
         status=status,
-        source=values.get("source") or None,
+        source=source,
         event=values.get("event") or None,
         received_from=_when(values.get("since"), "since"),
         received_until=_when(values.get("until"), "until"),
@@ -343,9 +353,9 @@ def deliveries(request: Request, user: User) -> HTMLResponse:
             found = _filter_from(values, scope)
             before = _before(values.get("before"))
         except Refused as refused:
-            return context | {"error": refused.message, "page_of": None}
+            return context | {"error": refused.message, "status": refused.status, "page_of": None}
         except TaskStoreError as invalid:  # the filter's own checks (models.operations)
-            return context | {"error": str(invalid), "page_of": None}
+            return context | {"error": str(invalid), "status": 400, "page_of": None}
         return context | {
             "page_of": list_deliveries(
                 session=session, filter=found, limit=PAGE_SIZE, before=before
@@ -361,7 +371,7 @@ def deliveries(request: Request, user: User) -> HTMLResponse:
         request,
         template,
         user,
-        status=400 if context.get("error") else 200,
+        status=context.pop("status", 200),
         page="deliveries",
         fields=fields,
         statuses=[status.value for status in DeliveryStatus],
@@ -502,7 +512,10 @@ async def replay_matching(request: Request, user: User) -> Response:
 
 @router.get("/operations")
 def operations(request: Request, user: User) -> HTMLResponse:
-    found = read(request, lambda session: list_operations(session=session))
+    found = read(
+        request,
+        lambda session: list_operations(session=session, workspace_ids=scope_of(session, user).ids),
+    )
     return render(request, "operations.html", user, page="operations", operations=found)
 
 
@@ -538,7 +551,8 @@ def _task_page(
         return context | {"found": found, "timeline": timeline(found)}
 
     context = read(request, work)
-    error = error or context.pop("error", None)
+    found_error = context.pop("error", None)
+    error = error or found_error
     return render(
         request,
         "task.html",
@@ -593,8 +607,10 @@ async def release(request: Request, user: User) -> HTMLResponse:
             if isinstance(error, Refused)
             else (STATUS_OF_KIND[error.kind], str(error))
         )
-        return _task_page(request, user, slug, external_id, status=status, error=message)
-    return _task_page(request, user, slug, external_id, notice=NOTICES["released"])
+        answer = partial(_task_page, status=status, error=message)
+    else:
+        answer = partial(_task_page, notice=NOTICES["released"])
+    return await run_in_threadpool(answer, request, user, slug, external_id)
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ token and when it expires. Signing out deletes the row; deleting a token
 deletes its sessions.
 
 ``operations`` is the operations history: each bulk replay an operator ran,
-named, with its filter, the dry run's count, and what the run did
-(models.operations).
+named, with its filter, the workspaces it could reach, the dry run's count,
+and what the run did (models.operations).
 
 Operational note: two new tables, both small. Processes of the previous
 revision ignore them.
@@ -58,6 +58,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(200), nullable=False),
         sa.Column("operator", sa.String(200), nullable=False),
         sa.Column("criteria", sa.JSON(), nullable=False),
+        sa.Column("scope", sa.JSON(), nullable=True),
         sa.Column("expected", sa.Integer(), nullable=True),
         sa.Column("matched", sa.Integer(), nullable=False),
         sa.Column("done", sa.Integer(), nullable=False),

@@ -24,6 +24,7 @@ import ast
 import hashlib
 import hmac
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -38,10 +39,11 @@ from starlette.routing import Mount, Route
 
 import models.providers.signing
 from ingest.app import create_app
+from ingest.console import pages as console_pages
 from models.db import session_scope
 from models.settings import Settings
+from models.tables import ApiToken, IdentityRelease, Operation, SourceSecret, Task
 from models.tables import Delivery as DeliveryRow
-from models.tables import IdentityRelease, Task
 from models.tokens import issue_token
 from tests.deliveries import fixture, gitlab_headers, sign
 from tests.e2e.conftest import ROOT
@@ -51,6 +53,8 @@ from tests.reliability.stack import Tenant, add_tenant, database_view
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres]
 
 SCENARIO = "10. security"
+#: The repository of globex's delivery: in no answer to an outsider.
+GLOBEX_REPO = "secret-roadmap-repo"
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
@@ -64,6 +68,8 @@ class Tenants:
     tokens: dict[str, str]
     globex_task: int
     globex_identity: str
+    #: A delivery of globex's, for an outsider to look at and replay.
+    globex_delivery: int
 
     def auth(self, who: str | None) -> dict[str, str]:
         return {} if who is None else {"Authorization": f"Bearer {self.tokens[who]}"}
@@ -84,8 +90,26 @@ class Tenants:
                 .order_by(Task.id)
             ).all()
             releases = session.scalar(select(func.count()).select_from(IdentityRelease))
-            deliveries = session.scalar(select(func.count()).select_from(DeliveryRow))
-        return [*tasks, ("releases", releases), ("deliveries", deliveries)]
+            deliveries = session.execute(
+                select(DeliveryRow.id, DeliveryRow.status).order_by(DeliveryRow.id)
+            ).all()
+            secrets = session.scalar(
+                select(func.count())
+                .select_from(SourceSecret)
+                .where(SourceSecret.retired_at.is_(None))
+            )
+            revoked = session.scalar(
+                select(func.count()).select_from(ApiToken).where(ApiToken.revoked_at.is_not(None))
+            )
+            operations = session.scalar(select(func.count()).select_from(Operation))
+        return [
+            *tasks,
+            ("releases", releases),
+            ("deliveries", deliveries),
+            ("active secrets", secrets),
+            ("revoked tokens", revoked),
+            ("operations", operations),
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +139,39 @@ def tenants(shared_database, secret_book):
             headers={"Authorization": f"Bearer {tokens['globex-member']}"},
         )
         assert created.status_code == 200, created.text
+        # A ping of globex's (stored as ignored: finished, as the invariants
+        # want every delivery), for an outsider to look at and replay.
+        ping = json.dumps(
+            {
+                "zen": "Keep it logically awesome.",
+                "repository": {"full_name": f"globex/{GLOBEX_REPO}"},
+            }
+        ).encode()
+        posted = client.post(
+            f"/webhooks/github/{globex.github_source}",
+            content=ping,
+            headers={
+                "Content-Type": "application/json",
+                "X-GitHub-Event": "ping",
+                "X-GitHub-Delivery": "globex-ping",
+                "X-Hub-Signature-256": sign(ping, globex.github_secret),
+            },
+        )
+        assert posted.status_code == 202, posted.text
+        with sessions() as session:
+            delivery_id = session.scalar(
+                select(DeliveryRow.id).where(DeliveryRow.delivery_id == "globex-ping")
+            )
         state = Tenants(
-            client, engine, sessions, acme, globex, tokens, created.json()["id"], "jira:GLX-7"
+            client,
+            engine,
+            sessions,
+            acme,
+            globex,
+            tokens,
+            created.json()["id"],
+            "jira:GLX-7",
+            delivery_id,
         )
         yield state
     engine.dispose()
@@ -184,6 +239,54 @@ def _webhook(provider: str) -> Attempt:
 
 BY_EXTERNAL_ID = "/api/v1/workspaces/{workspace_id}/tasks/by-external-id"
 
+
+def _console_session(t: Tenants, headers: dict[str, str]) -> str | None:
+    """Sign the test client in to the console with the bearer token in
+    ``headers``; the session's CSRF token. None, and no session, without one."""
+    t.client.cookies.clear()
+    token = headers.get("Authorization", " ").split(" ", 1)[1]
+    if not token:
+        return None
+    form = t.client.get("/console/sign-in").text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form).group(1)
+    signed_in = t.client.post(
+        "/console/sign-in", data={"token": token, "csrf": csrf}, follow_redirects=False
+    )
+    assert signed_in.status_code == 303, signed_in.text
+    page = t.client.get("/console/").text
+    return re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+
+
+def _console(method: str, path: Callable[[Tenants], str], **fields: Callable) -> Attempt:
+    """An outsider's try at a console page or action about globex: signed in
+    with acme's token (or not at all), with a valid CSRF token of its own
+    session, so that only the workspace check can refuse it."""
+
+    def attempt(t: Tenants, headers: dict[str, str]) -> list:
+        csrf = _console_session(t, headers)
+        try:
+            if method == "GET":
+                return [t.client.get(path(t), follow_redirects=False)]
+            data = {name: value(t) for name, value in fields.items()} | {"csrf": csrf or ""}
+            return [t.client.post(path(t), data=data, follow_redirects=False)]
+        finally:
+            # The cookie must not authenticate the next attempt's requests.
+            t.client.cookies.clear()
+
+    return attempt
+
+
+#: The console's views that list what the token may see: they answer 200,
+#: with nothing of globex's in them.
+CONSOLE_LISTS = {
+    "/console/",
+    "/console/deliveries",
+    "/console/sources",
+    "/console/tokens",
+    "/console/operations",
+    "/console/deliveries/live",
+}
+
 #: Every tenant-scoped route, and how an outsider tries it against globex.
 ATTEMPTS: dict[tuple[str, str], Attempt] = {
     ("POST", "/api/v1/tasks"): lambda t, h: [
@@ -236,7 +339,60 @@ ATTEMPTS: dict[tuple[str, str], Attempt] = {
         for provider in _OUTSIDER_DELIVERY
     },
     ("*", "/mcp"): _mcp_call,
+    ("GET", "/console/"): _console("GET", lambda t: "/console/"),
+    ("GET", "/console/deliveries"): _console(
+        "GET",
+        lambda t: f"/console/deliveries?q={t.globex_delivery}",
+    ),
+    ("GET", "/console/deliveries/live"): _console(
+        "GET", lambda t: f"/console/deliveries/live?watch={t.globex_delivery}&timeout=0.3"
+    ),
+    ("GET", "/console/deliveries/{delivery_id:int}"): _console(
+        "GET", lambda t: f"/console/deliveries/{t.globex_delivery}"
+    ),
+    ("POST", "/console/deliveries/{delivery_id:int}/replay"): _console(
+        "POST", lambda t: f"/console/deliveries/{t.globex_delivery}/replay"
+    ),
+    ("POST", "/console/replays/dry-run"): _console(
+        "POST", lambda t: "/console/replays/dry-run", source=lambda t: t.globex.github_source
+    ),
+    ("POST", "/console/replays"): _console(
+        "POST",
+        lambda t: "/console/replays",
+        source=lambda t: t.globex.github_source,
+        name=lambda t: "an outsider's run",
+    ),
+    ("GET", "/console/operations"): _console("GET", lambda t: "/console/operations"),
+    ("GET", "/console/tasks"): _console(
+        "GET", lambda t: f"/console/tasks?workspace={t.globex.slug}&external_id=jira:GLX-7"
+    ),
+    ("POST", "/console/tasks/release"): _console(
+        "POST",
+        lambda t: "/console/tasks/release",
+        workspace=lambda t: t.globex.slug,
+        external_id=lambda t: t.globex_identity,
+        expected_holder=lambda t: "GLX-1",
+        reason=lambda t: "outsider",
+        confirm=lambda t: t.globex_identity,
+    ),
+    ("GET", "/console/sources"): _console("GET", lambda t: "/console/sources"),
+    ("POST", "/console/sources/{slug}/rotate-secret"): _console(
+        "POST", lambda t: f"/console/sources/{t.globex.github_source}/rotate-secret"
+    ),
+    ("POST", "/console/sources/{slug}/finish-rotation"): _console(
+        "POST", lambda t: f"/console/sources/{t.globex.github_source}/finish-rotation"
+    ),
+    ("GET", "/console/tokens"): _console("GET", lambda t: "/console/tokens"),
+    ("POST", "/console/tokens/{token_id:int}/revoke"): _console(
+        "POST", lambda t: f"/console/tokens/{_token_id(t, 'globex-operator')}/revoke"
+    ),
 }
+
+
+def _token_id(t: Tenants, name: str) -> int:
+    with t.sessions() as session:
+        return session.scalar(select(ApiToken.id).where(ApiToken.name == name))
+
 
 #: Routes that hold no tenant's data, and why they may answer anyone.
 PUBLIC = {
@@ -247,6 +403,10 @@ PUBLIC = {
     ("GET", "/docs"): "the API's description",
     ("GET", "/docs/oauth2-redirect"): "part of /docs",
     ("GET", "/redoc"): "the API's description",
+    ("*", "/console/static"): "the console's own script, style and chart library",
+    ("GET", "/console/sign-in"): "the sign-in form",
+    ("POST", "/console/sign-in"): "signing in: a session of the token's own",
+    ("POST", "/console/sign-out"): "ends the caller's own session",
 }
 
 
@@ -256,7 +416,9 @@ def routes_of(app) -> set[tuple[str, str]]:
         for path, methods in app.openapi()["paths"].items()
         for method in methods
     }
-    for route in app.routes:
+    # The console's pages are not in the OpenAPI document, and FastAPI keeps
+    # an included router's routes behind it: they are read from their router.
+    for route in [*app.routes, *console_pages.router.routes]:
         if isinstance(route, Mount):
             found.add(("*", route.path))
         elif isinstance(route, Route):
@@ -276,8 +438,25 @@ def test_an_outsider_reaches_nothing_of_another_workspace(tenants: Tenants, rout
     answers = ATTEMPTS[route](tenants, tenants.auth(who))
     for answer in answers:
         text = answer.text
+        if route[1].startswith("/console"):
+            # A page shows back what was asked (the identity typed in);
+            # nothing else of globex's may be on it.
+            text = text.replace(tenants.globex_identity, "")
         assert "Globex secret roadmap" not in text and "GLX-" not in text, text
-        if route[1].startswith("/webhooks/"):
+        assert GLOBEX_REPO not in text, text
+        if route[1].startswith("/console"):
+            if who is None:  # signed out: sent to sign in
+                assert answer.status_code == 303, text
+                assert answer.headers["location"].startswith("/console/sign-in")
+            elif route[1] in CONSOLE_LISTS:
+                assert answer.status_code == 200, text
+                assert tenants.globex.github_source not in text, text
+                assert "event: delivery" not in text, text  # the live stream's, of globex's
+            elif route[0] == "POST" and who == "acme-member":
+                assert answer.status_code in (403, 404), text  # no act for a member
+            else:
+                assert answer.status_code == 404, (answer.status_code, text)
+        elif route[1].startswith("/webhooks/"):
             assert answer.status_code == 401, text  # acme's secret does not sign for globex
         elif who is None:
             assert answer.status_code == 401, text

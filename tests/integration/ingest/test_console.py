@@ -579,3 +579,25 @@ def test_revoking_a_token(console: Console) -> None:
     assert console.post(f"/console/tokens/{foreign}/revoke", csrf).status_code == 404
     assert console.post(f"/console/tokens/{member}/revoke", csrf).status_code == 303
     assert console.store.scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL") == 1
+
+
+def test_the_operations_history_shows_only_runs_within_the_tokens_workspaces(
+    console: Console,
+) -> None:
+    csrf = console.sign_in("globex-operator")
+    run = console.post("/console/replays", csrf, status="dead", name="globex's own run")
+    assert run.status_code == 303
+    assert "globex&#39;s own run" in console.client.get("/console/operations").text
+    console.sign_in("acme-operator")
+    assert "globex" not in console.client.get("/console/operations").text
+
+
+def test_a_filter_naming_another_workspaces_source_answers_not_found(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    csrf = console.sign_in("globex-operator")
+    assert console.client.get("/console/deliveries?source=acme-github").status_code == 404
+    dry = console.post("/console/replays/dry-run", csrf, source="acme-github")
+    assert dry.status_code == 404
+    assert console.post("/console/replays", csrf, source="acme-github", name="x").status_code == 404
+    assert console.status_of(delivery) == "dead"
