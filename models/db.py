@@ -15,6 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.settings import Settings
+from models.sqlite_writer import WriterConnection, WriterLock, lock_file_for
 
 #: The settings' defaults, for an engine built without settings (a test's).
 _DEFAULTS = Settings.model_construct()
@@ -23,9 +24,11 @@ _DEFAULTS = Settings.model_construct()
 def make_engine(url: str, *, settings: Settings | None = None, **options: object) -> Engine:
     """An engine for ``url``, tuned for the dialect it names.
 
-    SQLite gets WAL (readers never wait for the writer), a busy timeout (two
-    writers queue instead of failing) and enforced foreign keys (so deleting a
-    task deletes its source link, as on PostgreSQL). The parent directory of a
+    SQLite gets WAL (readers never wait for the writer), the settings'
+    ``synchronous`` level (what a commit is durable against), a busy timeout
+    (two writers queue instead of failing), writers queued on a lock handed
+    over at once (``models.sqlite_writer``) and enforced foreign keys (so
+    deleting a task deletes its source link, as on PostgreSQL). The parent directory of a
     SQLite file is created, so the default ``./var/taskhook.db`` just works.
     ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say) for
     a server; SQLite takes none of them. Without ``settings``, the defaults:
@@ -39,14 +42,21 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
         options.setdefault("pool_pre_ping", True)
         return create_engine(url, **options)
 
+    settings = settings or _DEFAULTS
+    writer_lock = None
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    busy_timeout_ms = (settings or _DEFAULTS).sqlite_busy_timeout_ms
+        if settings.sqlite_writer_lock:
+            writer_lock = WriterLock(
+                lock_file_for(parsed.database),
+                timeout_seconds=settings.sqlite_busy_timeout_ms / 1000,
+            )
+    busy_timeout_ms = settings.sqlite_busy_timeout_ms
     # The options are a server's (a pool size, PostgreSQL's connection
     # options); a SQLite file takes none of them.
     engine = create_engine(
         url,
-        connect_args={"timeout": busy_timeout_ms / 1000},
+        connect_args={"timeout": busy_timeout_ms / 1000, "factory": WriterConnection},
         hide_parameters=options["hide_parameters"],
     )
 
@@ -54,9 +64,18 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     def _sqlite_pragmas(dbapi_connection, _record):
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
+        # What a commit is durable against: Settings.sqlite_synchronous.
+        cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.close()
+        dbapi_connection.writer_lock = writer_lock
+
+    if writer_lock is not None:
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _queue_the_writers(_connection, cursor, statement, *_):
+            cursor.connection.take_writer_lock_before(statement)
 
     return engine
 

@@ -42,6 +42,20 @@ class Settings(BaseSettings):
     sqlite_busy_timeout_ms: int = Field(
         default=5000, ge=0, description="How long a SQLite writer waits for the lock."
     )
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        default="FULL",
+        description="SQLite's PRAGMA synchronous (WAL mode). FULL (the default): every "
+        "commit is fsynced, so a delivery answered 202 survives a power cut. NORMAL: a "
+        "commit survives a process crash (kill -9), but a power cut or OS crash may undo "
+        "the last commits before a checkpoint (the database stays consistent); no fsync "
+        "per commit (docs/performance.md, §6).",
+    )
+    sqlite_writer_lock: bool = Field(
+        default=True,
+        description="Queue SQLite writers on a lock beside the database file, handed over "
+        "at once, instead of in SQLite's busy handler, which sleeps up to 100 ms between "
+        "tries (models/sqlite_writer.py). false: SQLite's busy handler alone.",
+    )
     broker_url: str = Field(
         default="filesystem://",
         description="Celery broker: filesystem:// (embedded, files under var/broker), "
@@ -118,6 +132,18 @@ class Settings(BaseSettings):
     )
     max_event_streams_per_token: int = Field(
         default=10, gt=0, description="Most event streams one API token may hold open."
+    )
+    stream_listener: bool = Field(
+        default=True,
+        description="On PostgreSQL, wake the event streams with one LISTEN/NOTIFY "
+        "listener per ingress process; off, every open stream polls every "
+        "TASKHOOK_STREAM_POLL_SECONDS (as on SQLite).",
+    )
+    stream_poll_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="How often an event stream reads the database when nothing wakes it: "
+        "on SQLite, or while the PostgreSQL listener is down or turned off.",
     )
     mcp_stream_seconds: float = Field(
         default=300.0,
