@@ -75,7 +75,12 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
                 # one authenticates every request instead.
                 transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             )
-            async with inbox_opened(runtime), beating(runtime), mcp_server.session_manager.run():
+            async with (
+                inbox_opened(runtime),
+                events.listening(runtime),
+                beating(runtime),
+                mcp_server.session_manager.run(),
+            ):
                 yield
         finally:
             relay.stop()

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import psycopg
@@ -35,6 +35,9 @@ from models.inbox import (
 )
 from models.settings import Settings
 from models.sources import VerifyingSource, verifying_source
+
+if TYPE_CHECKING:
+    from ingest.notifications import EventListener
 
 _MAX_CACHED_SOURCES = 1000
 #: Deliveries this process stored lately, kept to answer their redeliveries.
@@ -84,6 +87,9 @@ class IngressRuntime:
     #: PostgreSQL: the inbox writer on the event loop (see AsyncInbox), opened
     #: and closed by the webhook router's lifespan; None elsewhere.
     inbox: AsyncInbox | None = field(default=None, repr=False)
+    #: PostgreSQL: the listener that wakes the event streams
+    #: (``ingest.notifications``), for the app's lifespan; None elsewhere.
+    listener: EventListener | None = field(default=None, repr=False)
 
     async def record_delivery(self, incoming: IncomingDelivery) -> Recorded:
         """Store the delivery once: on the event loop where the database allows

@@ -13,6 +13,13 @@ until commit. Two appends in one workspace therefore commit in position
 order, and a reader that has seen position N can never later find a
 smaller one appear -- which a bare sequence (allocated at insert, visible at
 commit) would not promise.
+
+On PostgreSQL, advancing a stream also queues a notification on
+:data:`EVENTS_CHANNEL` whose payload is the workspace id: PostgreSQL delivers
+it when (and only if) the transaction commits, and folds identical ones of a
+transaction into one, so a transaction that appends many events to one
+workspace sends one. The ingress's listener (``ingest.notifications``) wakes
+that workspace's open streams with it instead of their polling.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ import enum
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import exists, select
+from sqlalchemy import Text, cast, exists, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models.tables import EventStream, Task, TaskEvent, utcnow
+
+#: The PostgreSQL channel a committed append notifies, with the workspace id.
+EVENTS_CHANNEL = "taskhook_events"
 
 
 class EventType(enum.StrEnum):
@@ -70,11 +80,23 @@ def advance_stream(first_position):
     """The next position of a workspace's stream: ``first_position`` is the
     INSERT of the stream row at position 1 (its values, or a SELECT of
     them), which becomes an increment when the row exists. Returns the
-    position, then the workspace. The row stays locked until commit."""
-    return first_position.on_conflict_do_update(
+    position, then the workspace. The row stays locked until commit.
+
+    On PostgreSQL the statement also notifies :data:`EVENTS_CHANNEL` with the
+    workspace id (a third column, ``notified``, of no value): in the
+    statement itself, so every path that appends an event -- this module's
+    and the worker's fast path (``models.fastpath``) -- notifies, and only
+    at commit."""
+    upsert = first_position.on_conflict_do_update(
         index_elements=[EventStream.workspace_id],
         set_={"last_position": EventStream.last_position + 1},
-    ).returning(EventStream.last_position, EventStream.workspace_id)
+    )
+    if not isinstance(first_position, postgresql.Insert):
+        return upsert.returning(EventStream.last_position, EventStream.workspace_id)
+    notify = func.pg_notify(EVENTS_CHANNEL, cast(EventStream.workspace_id, Text))
+    return upsert.returning(
+        EventStream.last_position, EventStream.workspace_id, notify.label("notified")
+    )
 
 
 def append_created_if_missing(
@@ -109,6 +131,14 @@ def _has_created_event(session: Session, task: Task) -> bool:
             )
         )
     )
+
+
+def stream_position(*, session: Session, workspace_id: int) -> int:
+    """The workspace's last event position so far (0 before its first event)."""
+    position = session.scalar(
+        select(EventStream.last_position).where(EventStream.workspace_id == workspace_id)
+    )
+    return position or 0
 
 
 def events_after(
