@@ -4,7 +4,9 @@ A webhook request commits its row and puts the row's key here; it never
 waits on the broker. A background thread publishes keys in batches, and the
 keys of a batch share messages (``relay_keys_per_message`` in each): under a
 burst the worker pays the queue's cost per message once for several
-deliveries, while a lone delivery still goes alone, at once. If the
+deliveries, while a lone delivery still goes alone, at once. While the workers
+keep up, a small batch is spread over their threads instead, so that a
+delivery does not wait behind the others of its message. If the
 broker is down, frozen or slow, keys are dropped after a short timeout and
 counted -- nothing is lost, because the row is already durable and ``queued``,
 and the sweeper enqueues every queued row older than its grace period.
@@ -24,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from celery import Celery
 from celery.utils.saferepr import saferepr
+from kombu.exceptions import ChannelError
 from kombu.utils.uuid import uuid
 
 from models.messages import (
@@ -37,7 +40,9 @@ from models.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[Sequence[int]], None]
+#: Publishes a batch of keys; True when it saw the workers behind (messages
+#: waiting in the queue): the relay then fills its next batch.
+Publish = Callable[[Sequence[int]], bool | None]
 
 
 def celery_publisher(settings: Settings) -> Publish:
@@ -58,11 +63,12 @@ def celery_publisher(settings: Settings) -> Publish:
     retry_policy = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
     messages = DeliveryMessages(app)
     per_message = settings.relay_keys_per_message
+    threads = settings.worker_concurrency
 
-    def publish(keys: Sequence[int]) -> None:
-        groups = message_groups(keys, per_message)
+    def publish(keys: Sequence[int]) -> bool:
         with app.producer_or_acquire() as producer:
             if not producer.supports_batch_publish:
+                groups = message_groups(keys, per_message)
                 for group in groups:
                     name, args = task_for(group)
                     app.send_task(
@@ -73,7 +79,7 @@ def celery_publisher(settings: Settings) -> Publish:
                         retry=True,
                         retry_policy=retry_policy,
                     )
-                return
+                return False
             # Redis: the whole batch goes out in one pipeline (one round trip),
             # and each message is Celery's own (see DeliveryMessages), published
             # without send_task's routing and option handling -- CPU this thread
@@ -81,6 +87,18 @@ def celery_publisher(settings: Settings) -> Publish:
             # (docs/performance.md). Buffering cannot fail on the connection, so
             # there is nothing to retry before the flush; a failed flush leaves
             # the batch to the sweeper, like any failed publish.
+            #
+            # A small batch (fewer full messages than a worker has threads)
+            # spreads over the threads while no message waits in the queue:
+            # the workers keep up, and a thread is free for each message, so a
+            # delivery need not wait behind the others of its message
+            # (docs/performance.md, "Latency"). Once messages wait, the workers
+            # are behind, and full messages serve them better: each costs a
+            # worker about a millisecond of its own, whatever it holds.
+            small = -(-len(keys) // per_message) < threads
+            waiting = _messages_waiting(producer.channel) if small else 0
+            spread = threads if small and not waiting else 1
+            groups = message_groups(keys, per_message, spread)
             with producer.batch(max_size=len(groups)):
                 for group in groups:
                     body, headers, properties = messages.message(group)
@@ -94,8 +112,18 @@ def celery_publisher(settings: Settings) -> Publish:
                         retry=False,
                         **properties,
                     )
+            return waiting > 0
 
     return publish
+
+
+def _messages_waiting(channel) -> int:
+    """How many messages wait in the deliveries queue, not yet taken by a worker
+    (on Redis, its lists' lengths)."""
+    try:
+        return channel.queue_declare(queue=DELIVERIES_QUEUE, passive=True).message_count
+    except ChannelError:  # Redis keeps no empty list: no queue, nothing waiting
+        return 0
 
 
 class DeliveryMessages:
@@ -161,6 +189,7 @@ class Relay:
         capacity: int = 10_000,
         batch_size: int = 100,
         linger: float = 0.02,
+        quiet: float = 0.005,
         on_dropped: Callable[[int], None] = lambda count: None,
         on_published: Callable[[int], None] = lambda count: None,
     ) -> None:
@@ -168,6 +197,9 @@ class Relay:
         self._capacity = capacity
         self._batch_size = batch_size
         self._linger = linger
+        self._quiet = quiet
+        #: What the last publish said: the workers are behind.
+        self._workers_behind = False
         self._on_dropped = on_dropped
         self._on_published = on_published
         self._lock = threading.Lock()
@@ -212,12 +244,7 @@ class Relay:
     def _next_batch(self) -> list[int]:
         if not self._waiting.wait(timeout=0.1):
             return []
-        # Linger for more keys: a publish has a fixed cost (a pipeline, a
-        # producer) that a batch of one pays alone, and at a few hundred
-        # deliveries a second most batches were of one or two. The answers
-        # never wait for this; only the worker's start does, by a few ms.
-        if self.pending() < self._batch_size and not self._stopping.is_set():
-            self._stopping.wait(self._linger)
+        self._linger_while_keys_arrive()
         with self._lock:
             batch = self._keys[: self._batch_size]
             del self._keys[: self._batch_size]
@@ -225,13 +252,39 @@ class Relay:
                 self._waiting.clear()
         return batch
 
+    def _linger_while_keys_arrive(self) -> None:
+        """Wait for more keys while they keep coming: until ``quiet`` passes
+        without a new one, ``linger`` in all, or a full batch.
+
+        A publish has a fixed cost (a pipeline, a producer) and so has each
+        message at the worker, which a batch of one pays alone: under a burst
+        the keys share them. But every key waits here for the worker to start
+        on it, so a lull ends the wait at once: at a hundred deliveries a
+        second a fixed 20 ms linger was the largest part of a delivery's
+        latency after its answer (docs/performance.md, "Latency"). While the
+        last publish found the workers behind, it lingers its whole time.
+        """
+        deadline = time.monotonic() + self._linger
+        # Behind, the workers would not start on these keys any sooner: fill
+        # the batch, as many keys a message as the linger gathers.
+        quiet = self._linger if self._workers_behind else self._quiet
+        seen = self.pending()
+        while seen < self._batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.wait(min(quiet, remaining)):
+                return
+            arrived = self.pending()
+            if arrived == seen:
+                return
+            seen = arrived
+
     def _run(self) -> None:
         while not (self._stopping.is_set() and not self.pending()):
             batch = self._next_batch()
             if not batch:
                 continue
             try:
-                self._publish(batch)
+                self._workers_behind = bool(self._publish(batch))
             except Exception:  # the broker is sick; the sweeper has these rows
                 log.warning("broker publish failed; %d deliveries left to the sweeper", len(batch))
                 self._on_dropped(len(batch))

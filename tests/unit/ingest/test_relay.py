@@ -70,6 +70,22 @@ def test_keys_share_messages_in_order_and_a_lone_key_goes_alone() -> None:
     assert task_for([7, 8]) == (PROCESS_DELIVERIES, [[7, 8]])
 
 
+def test_keys_that_would_fill_few_messages_spread_over_the_worker_threads() -> None:
+    # Three messages' worth of keys for four threads: four messages, even.
+    assert message_groups(list(range(1, 9)), 3, spread=4) == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    assert message_groups(list(range(10)), 16, spread=4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    # No more messages than one per two keys.
+    assert message_groups(list(range(1, 8)), 3, spread=4) == [[1, 2], [3, 4], [5, 6], [7]]
+    assert message_groups([1, 2, 3], 16, spread=4) == [[1, 2], [3]]
+    assert message_groups([1, 2], 16, spread=4) == [[1, 2]]
+    assert message_groups([1], 16, spread=4) == [[1]]
+    # Enough keys to fill as many messages as threads: full messages, as before.
+    many = list(range(70))
+    assert message_groups(many, 16, spread=4) == message_groups(many, 16)
+    assert [len(group) for group in message_groups(many, 16, spread=4)] == [16, 16, 16, 16, 6]
+    assert message_groups([], 16, spread=4) == []
+
+
 def test_the_publisher_sends_one_message_per_group() -> None:
     # The in-memory transport cannot batch, so this is the send_task branch
     # (a broker without pipelines); Redis's is proven end to end.
@@ -130,6 +146,62 @@ def test_a_lone_key_goes_out_after_the_linger() -> None:
         assert publish.published.wait(2.0)
         assert publish.batches == [[1]]
         assert relay.pending() == 0
+    finally:
+        relay.stop()
+
+
+def test_a_lull_ends_the_linger_at_once() -> None:
+    # A long linger, a short quiet: the lone key does not wait for the linger.
+    publish = _Recorder()
+    relay = Relay(publish, linger=5.0, quiet=0.01)
+    relay.start()
+    try:
+        started = time.monotonic()
+        relay.submit(1)
+        assert publish.published.wait(2.0)
+        assert time.monotonic() - started < 1.0
+        assert publish.batches == [[1]]
+    finally:
+        relay.stop()
+
+
+def test_keys_that_keep_arriving_keep_the_batch_open() -> None:
+    # A key every 10 ms against a 100 ms quiet: one batch, until the linger ends it.
+    publish = _Recorder()
+    relay = Relay(publish, linger=0.5, quiet=0.1)
+    relay.start()
+    try:
+        for key in range(10):
+            relay.submit(key)
+            time.sleep(0.01)
+        assert publish.published.wait(2.0)
+        relay.stop()
+        assert publish.batches[0] == list(range(10))
+    finally:
+        relay.stop()
+
+
+def test_while_the_workers_are_behind_the_relay_lingers_its_whole_time() -> None:
+    # The publisher says messages wait: the next lone key waits out the linger.
+    published_at: list[float] = []
+
+    def behind(keys) -> bool:
+        published_at.append(time.monotonic())
+        return True
+
+    relay = Relay(behind, linger=0.3, quiet=0.005)
+    relay.start()
+    try:
+        relay.submit(1)
+        wait_for = time.monotonic() + 2.0
+        while not published_at and time.monotonic() < wait_for:
+            time.sleep(0.005)
+        submitted = time.monotonic()
+        relay.submit(2)
+        while len(published_at) < 2 and time.monotonic() < wait_for + 2.0:
+            time.sleep(0.005)
+        assert len(published_at) == 2
+        assert published_at[1] - submitted >= 0.25
     finally:
         relay.stop()
 
