@@ -1,4 +1,8 @@
-"""``python -m bench all|ingress|e2e|storm|scale|memory|sqlite|catch-up [--smoke|--full]``."""
+"""``python -m bench BENCHMARK [--smoke|--full] [--set FIELD=N]``.
+
+BENCHMARK: all, ingress, e2e, storm, scale, memory, sqlite, catch-up,
+latency, messages, workspaces, streams, ... (``python -m bench --help`` lists them all).
+"""
 
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ from bench import report, taskhook
 from bench.baselines import DURABLE_TABLE
 from bench.brokers import brokers
 from bench.catch_up import catch_up
+from bench.embedded import sqlite
+from bench.latency import latency
+from bench.messages import messages
 from bench.noop import NOOP
 from bench.processes import (
     BenchError,
@@ -37,6 +40,8 @@ from bench.processes import (
     wait_until,
 )
 from bench.prune import prune
+from bench.streams import streams
+from bench.workspaces import workspaces
 from models.messages import DELIVERIES_QUEUE
 from models.settings import Settings
 from worker.celery_app import celery_config
@@ -62,6 +67,8 @@ class Sizes:
     scale_ingress_seconds: float
     memory_deliveries: int
     sqlite_deliveries: int
+    #: bench sqlite: rounds of each side (now, previous settings), taking turns.
+    sqlite_rounds: int
     catchup_deliveries: int
     catchup_rounds: int
     brokers_deliveries: int
@@ -72,6 +79,35 @@ class Sizes:
     prune_deliveries: int
     prune_ingress_seconds: float
     prune_rounds: int
+    #: bench messages (one message per delivery): deliveries per drain,
+    #: worker process counts, rounds, seconds of pgbench's bare create.
+    messages_deliveries: int
+    messages_workers: tuple[int, ...]
+    messages_rounds: int
+    messages_pgbench_seconds: float
+    #: bench workspaces: creator processes, seconds per run, rounds, and the
+    #: share (percent) of creates repeating an external id (Found).
+    workspaces_creators: int
+    workspaces_seconds: float
+    workspaces_rounds: int
+    workspaces_found_percent: int
+    #: bench latency: open-loop rates and seconds at each; the ramp's first
+    #: rate, its ceiling, seconds per step, and the factor it bisects down to.
+    latency_rates: tuple[int, ...]
+    latency_seconds: float
+    latency_ramp_start: int
+    latency_ramp_max: int
+    latency_ramp_seconds: float
+    latency_ramp_precision: float
+    #: bench streams: SSE streams held open, seconds per closed-loop run,
+    #: rounds, and the webhooks (and their rate) timed onto every stream;
+    #: streams_listener=0 measures the streams polling instead (the old way).
+    streams_open: int
+    streams_seconds: float
+    streams_rounds: int
+    streams_latency_deliveries: int
+    streams_latency_rate: int
+    streams_listener: int
 
 
 SMOKE = Sizes(
@@ -92,6 +128,7 @@ SMOKE = Sizes(
     scale_ingress_seconds=1.5,
     memory_deliveries=600,
     sqlite_deliveries=60,
+    sqlite_rounds=1,
     catchup_deliveries=200,
     catchup_rounds=1,
     brokers_deliveries=200,
@@ -100,6 +137,26 @@ SMOKE = Sizes(
     prune_deliveries=200,
     prune_ingress_seconds=1.0,
     prune_rounds=1,
+    messages_deliveries=100,
+    messages_workers=(2,),
+    messages_rounds=1,
+    messages_pgbench_seconds=1.0,
+    workspaces_creators=2,
+    workspaces_seconds=1.0,
+    workspaces_rounds=1,
+    workspaces_found_percent=20,
+    latency_rates=(40,),
+    latency_seconds=1.0,
+    latency_ramp_start=40,
+    latency_ramp_max=40,
+    latency_ramp_seconds=1.0,
+    latency_ramp_precision=2.0,
+    streams_open=50,
+    streams_seconds=1.5,
+    streams_rounds=1,
+    streams_latency_deliveries=20,
+    streams_latency_rate=20,
+    streams_listener=1,
 )
 DEFAULT = Sizes(
     ingress_seconds=8,
@@ -119,6 +176,7 @@ DEFAULT = Sizes(
     scale_ingress_seconds=6,
     memory_deliveries=40_000,
     sqlite_deliveries=2_000,
+    sqlite_rounds=3,
     catchup_deliveries=10_000,
     catchup_rounds=3,
     brokers_deliveries=10_000,
@@ -127,6 +185,26 @@ DEFAULT = Sizes(
     prune_deliveries=10_000,
     prune_ingress_seconds=8,
     prune_rounds=3,
+    messages_deliveries=6_000,
+    messages_workers=(1, 2),
+    messages_rounds=3,
+    messages_pgbench_seconds=8,
+    workspaces_creators=4,
+    workspaces_seconds=8,
+    workspaces_rounds=3,
+    workspaces_found_percent=20,
+    latency_rates=(100, 300, 600),
+    latency_seconds=10,
+    latency_ramp_start=25,
+    latency_ramp_max=3200,
+    latency_ramp_seconds=5,
+    latency_ramp_precision=1.2,
+    streams_open=1000,
+    streams_seconds=8,
+    streams_rounds=3,
+    streams_latency_deliveries=300,
+    streams_latency_rate=10,
+    streams_listener=1,
 )
 FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
@@ -1183,76 +1261,6 @@ def memory(bench: Bench) -> dict[str, Any]:
     )
 
 
-# --- 6. the embedded default (SQLite + the filesystem broker) -----------------------------
-
-
-def sqlite(bench: Bench) -> dict[str, Any]:
-    import sqlite3
-
-    from migrations import upgrade_to_head
-    from models.db import make_engine
-
-    sizes, procs = bench.sizes, bench.processes
-    n = sizes.sqlite_deliveries
-    folder = bench.logs / "embedded"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    database = f"sqlite:///{folder / 'taskhook.db'}"
-    engine = make_engine(database)
-    with engine.begin() as connection:
-        upgrade_to_head(connection)
-    engine.dispose()
-    taskhook.prepare(database)
-    env = taskhook.environment(
-        database, "filesystem://", TASKHOOK_BROKER_FOLDER=str(folder / "broker")
-    )
-    _, url = procs.uvicorn("taskhook-sqlite", "ingest.app:app", env)
-    worker = procs.celery_worker("taskhook-sqlite", "worker", env)
-
-    def done() -> bool:
-        with contextlib.closing(sqlite3.connect(folder / "taskhook.db", timeout=10)) as connection:
-            placeholders = ",".join("?" * len(taskhook.FINISHED))
-            return (
-                connection.execute(
-                    f"SELECT count(*) FROM deliveries WHERE status IN ({placeholders})",
-                    taskhook.FINISHED,
-                ).fetchone()[0]
-                >= n
-            )
-
-    started = time.monotonic()
-    posted = bench.load(url, tag=_tag("sqlite"), requests=n, concurrency=8)
-    wait_until(done, timeout=1800, what="the embedded default to finish", every=0.2)
-    elapsed = time.monotonic() - started
-    procs.stop(worker)
-    with contextlib.closing(sqlite3.connect(folder / "taskhook.db")) as connection:
-        tasks = connection.execute(
-            "SELECT count(*), count(external_id_settled_at) FROM tasks"
-        ).fetchone()
-    rate = round(n / elapsed, 1)
-    rows = [
-        _row("ingress (SQLite)", [posted]),
-        {"label": "end to end\n(SQLite + filesystem broker)", "rate": rate},
-    ]
-    result = {
-        "deliveries": n,
-        "ingress_post": {
-            key: posted[key] for key in ("throughput_rps", "completed", "errors", "latency")
-        },
-        "end_to_end_s": round(elapsed, 2),
-        "end_to_end_rate_per_s": rate,
-        "tasks": tasks[0],
-        "tasks_settled": tasks[1],
-        "goals": {"(none yet; reported)": None},
-    }
-    return bench.finish(
-        result,
-        rows,
-        f"Embedded default: {n} deliveries, SQLite + filesystem broker",
-        rate_label="per s",
-    )
-
-
 BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "ingress": ingress,
     "e2e": end_to_end,
@@ -1263,4 +1271,8 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "catch-up": catch_up,
     "brokers": brokers,
     "prune": prune,
+    "messages": messages,
+    "workspaces": workspaces,
+    "latency": latency,
+    "streams": streams,
 }

@@ -26,8 +26,8 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
 
     SQLite gets WAL (readers never wait for the writer), the settings'
     ``synchronous`` level (what a commit is durable against), a busy timeout
-    (two writers queue instead of failing), writers queued on a lock handed
-    over at once (``models.sqlite_writer``) and enforced foreign keys (so
+    (two writers queue instead of failing), optionally writers queued on a
+    lock handed over at once (``models.sqlite_writer``) and enforced foreign keys (so
     deleting a task deletes its source link, as on PostgreSQL). The parent directory of a
     SQLite file is created, so the default ``./var/taskhook.db`` just works.
     ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say) for

@@ -93,8 +93,16 @@ def test_memory(tmp_path: Path) -> None:
 
 def test_embedded_default(tmp_path: Path) -> None:
     result = run("sqlite", tmp_path)
-    assert result["end_to_end_rate_per_s"] > 0
-    assert result["tasks"] == result["tasks_settled"] == result["deliveries"]
+    assert set(result["runs"]) == {"default", "lock", "normal"}
+    for side, runs in result["runs"].items():
+        (one,) = runs
+        assert one["exact"], side
+        assert one["tasks"] == one["tasks_settled"] == one["claims"] == result["deliveries"]
+        assert one["end_to_end_per_s"] > 0 and one["posted_per_s"] > 0, side
+        assert one["cpu_ms_per_delivery"]["worker"] > 0, side
+        assert one["worker_messages"] >= 1, side
+    assert result["goals"]["lock_vs_default_median"] > 0
+    assert result["goals"]["normal_vs_default_median"] > 0
 
 
 def test_catch_up(tmp_path: Path) -> None:
@@ -132,3 +140,62 @@ def test_prune(tmp_path: Path) -> None:
     assert all("ix_deliveries_status_updated_at" in plan for plan in result["batch_plans"].values())
     assert result["disk_before"]["rows"] == result["rows"]
     assert result["disk_after"]["bodies_dropped"] > 0
+
+
+def test_messages(tmp_path: Path) -> None:
+    result = run("messages", tmp_path)
+    assert result["relay_keys_per_message"] == 1
+    for label, config in result["configs"].items():
+        assert config["exact"], (label, config["counts"])
+        # One message per delivery: the relay shared none.
+        assert config["taskhook_drain"]["messages"] == result["deliveries"], label
+        assert config["noop_drain"]["rate_per_s"] > 0 and config["taskhook_drain"]["rate_per_s"] > 0
+    (baseline,) = result["pgbench_bare_create"]["rounds"]
+    assert baseline["creates"] > 0 and baseline["clients"] == 8
+    assert baseline["cpu_ms_per_create"]["database_backends"] > 0
+    assert len(result["postgres_cpu_per_delivery_vs_bare_create"]["ratios_per_round"]) == 1
+
+
+def test_workspaces(tmp_path: Path) -> None:
+    result = run("workspaces", tmp_path)
+    # Every creator process was stopped with its pool.
+    pids = result["creator_pids"]
+    assert pids and not [pid for pid in pids if psutil.pid_exists(pid)]
+    for label, runs in result["runs"].items():
+        (one,) = runs
+        assert one["calls"] == sum(one["outcomes"].values()) > 0, label
+    assert result["found_outcomes"] > 0
+    assert result["identifiers"]["gapless"], result["identifiers"]
+    assert len(result["ratios_per_round"]) == 1
+
+
+def test_latency(tmp_path: Path) -> None:
+    result = run("latency", tmp_path)
+    for stack in ("taskhook", "stock"):
+        for rate, one in result["runs"][stack].items():
+            # Every delivery answered, and every one's task settled and timed.
+            assert one["errors"] == 0 and one["answered"] == one["sent"] > 0, (stack, rate)
+            assert one["rows"] == one["settled"] == one["answered"], (stack, rate)
+            assert one["drained"] and one["latency"]["p50_ms"] > 0, (stack, rate)
+            assert one["cpu_ms_per_delivery"]["worker"] > 0, (stack, rate)
+        ramp = result["ramps"][stack]
+        assert ramp["steps"] and all(step["answered"] > 0 for step in ramp["steps"]), stack
+        assert ramp["highest_flat_rate"] in [0, *(step["rate"] for step in ramp["steps"])]
+    # taskhook's rows split the time at the claim.
+    for one in result["runs"]["taskhook"].values():
+        assert set(one["stages"]) == {"received_to_claimed", "claimed_to_settled"}
+
+
+def test_streams(tmp_path: Path) -> None:
+    result = run("streams", tmp_path)
+    count = result["streams"]
+    (one,) = result["rounds"]
+    for side in ("with", "without"):
+        assert one[side]["completed"] > 0 and one[side]["cpu_ms_per_webhook"] > 0, side
+    # Every stream saw every webhook's task.created, once, and each was timed.
+    latency = result["latency"]
+    assert latency["tasks_settled"] == latency["deliveries"]
+    assert latency["events_per_stream"] == [latency["deliveries"]]
+    assert latency["arrivals"] == latency["deliveries"] * count
+    assert latency["duplicates"] == 0 and latency["latency"]["p99_ms"] > 0
+    assert result["exact"]

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _engine(path: Path, **settings: object):
-    return make_engine(f"sqlite:///{path}", settings=Settings(**settings))
+    """An engine with the writers' lock on (an opt-in), unless ``settings`` say otherwise."""
+    return make_engine(
+        f"sqlite:///{path}", settings=Settings(**{"sqlite_writer_lock": True, **settings})
+    )
 
 
 def _file_lock_is_free(lock_file: Path) -> bool:
@@ -59,11 +62,11 @@ def test_every_connection_gets_the_settings(tmp_path: Path, level: str, value: i
         engine.dispose()
 
 
-def test_the_default_is_full_and_the_writer_lock():
+def test_the_default_is_full_without_the_writer_lock():
     # The declared defaults, whatever this shell's environment says.
     fields = Settings.model_fields
     assert fields["sqlite_synchronous"].default == "FULL"
-    assert fields["sqlite_writer_lock"].default is True
+    assert fields["sqlite_writer_lock"].default is False
 
 
 def test_a_write_transaction_holds_the_writers_lock_until_it_ends(tmp_path: Path):

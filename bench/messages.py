@@ -1,0 +1,216 @@
+"""``python -m bench messages``: the drain with one message per delivery, and
+PostgreSQL's CPU per delivery against pgbench's bare create, in the same run.
+
+The relay's shared messages (``TASKHOOK_RELAY_KEYS_PER_MESSAGE``) spread
+Celery's cost per message over many deliveries; here each delivery is its own
+message, as a sender whose deliveries arrive one at a time gets. Each round
+drains the same deliveries as ``bench e2e`` does (the no-op drain first in
+even rounds, last in odd ones) with 1 and then 2 worker processes, then runs
+``bench.pgcreate``'s pgbench bare create on the same database with as many
+connections as the two processes' threads. The ratios are taken per round and
+their medians reported:
+
+- the drain against the Celery no-op drain (goal: >= 0.7x with 2 processes);
+- PostgreSQL's CPU per delivery against its CPU per bare create (goal:
+  <= 1.3x): the CPU of the benchmark database's own backends over the
+  2-process drain, and over pgbench's steady window. The CPU of every
+  ``postgres`` process (as ``bench e2e`` counts it) is reported beside it; on
+  a shared server a neighbour's queries, and backends that exit, move that one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import fields, replace
+from typing import Any
+
+from bench import pgcreate, report
+from models.settings import Settings
+
+#: Goals of issue 20, section 2.
+DRAIN_GOAL = 0.7
+POSTGRES_CPU_GOAL = 1.3
+ONE_KEY_PER_MESSAGE = 1
+
+
+def messages(bench: Any) -> dict[str, Any]:
+    # bench.suites registers this benchmark, so its end-to-end rig is imported
+    # when the benchmark runs rather than when the module loads.
+    from bench.suites import _end_to_end_rig
+
+    sizes = bench.sizes
+    # The rig drains e2e_deliveries; this benchmark's own count stands in.
+    bench.sizes = replace(sizes, e2e_deliveries=sizes.messages_deliveries)
+    threads = Settings.model_fields["worker_concurrency"].default
+    clients = threads * max(sizes.messages_workers)
+    drains: dict[int, list[dict[str, Any]]] = {workers: [] for workers in sizes.messages_workers}
+    baselines: list[dict[str, Any]] = []
+    with _end_to_end_rig(bench, ONE_KEY_PER_MESSAGE) as shared:
+        pgcreate.pgbench_path()  # before the first drain: say it is missing early
+        workspace_id = pgcreate.prepare_workspace(shared.database)
+        rig = _backends_counted(shared)
+        for round_ in range(sizes.messages_rounds):
+            for workers in sizes.messages_workers:
+                record, _peaks = rig.one_round(workers, round_)
+                drained = record["taskhook_drain"]
+                drained["database_backends_cpu_ms_per_delivery"] = rig.backends_cpu_ms_per_delivery
+                drained["database_backends_deliveries_counted"] = rig.counted
+                bench.say(
+                    f"  round {round_}, {workers} process(es): the database's backends spent "
+                    f"{rig.backends_cpu_ms_per_delivery} ms of CPU per delivery "
+                    f"(the last {rig.counted})"
+                )
+                drains[workers].append(record)
+            baseline = pgcreate.bare_create(
+                bench.processes,
+                rig.database,
+                workspace_id=workspace_id,
+                clients=clients,
+                seconds=sizes.messages_pgbench_seconds,
+            )
+            baselines.append(baseline)
+            bench.say(
+                f"  round {round_}, pgbench bare create, {clients} clients: "
+                f"{baseline['rate_per_s']}/s; CPU ms per create {baseline['cpu_ms_per_create']}"
+            )
+    bench.sizes = sizes
+    return _report(bench, drains, baselines, clients)
+
+
+def _backends_counted(rig: Any) -> Any:
+    """``rig`` (bench.suites' end-to-end rig), also counting the CPU of its
+    database's backends over each taskhook drain, after its first tenth: the
+    workers' connections are new, and each plans its statements on their first
+    executions (psycopg prepares them on the fifth), as pgbench's connections
+    do in its warm-up. Read when the broker has handed out a tenth of the
+    messages, and again when the drain is found done. Unlike every
+    ``postgres`` process's CPU, this leaves out a neighbour's work on the
+    shared server, and a backend that exits meanwhile cannot make it negative.
+    """
+    from bench.suites import _EndToEndRig, _queue_length
+
+    class BackendsCounted(_EndToEndRig):
+        #: CPU seconds of the last drain's counted part, and its deliveries.
+        backends_cpu: float = 0.0
+        counted: int = 0
+        _before: dict[int, float] | None = None
+        _taken_before: int = 0
+
+        def post_deliveries(self, workers: int) -> dict:
+            self._before, self.backends_cpu, self.counted = None, 0.0, 0
+            return super().post_deliveries(workers)
+
+        def all_done(self) -> bool:
+            # One message per delivery: a message gone from the queue is a delivery taken.
+            if self._before is None and not self.counted:
+                taken = self.deliveries - _queue_length(self.client)
+                if taken >= self.deliveries // 10:
+                    self._before = pgcreate.database_backends_cpu(self.watcher)
+                    self._taken_before = taken
+            done = super().all_done()
+            if done and self._before is not None:
+                after = pgcreate.database_backends_cpu(self.watcher)
+                self.backends_cpu = pgcreate.backends_cpu_between(self._before, after)
+                self.counted = self.deliveries - self._taken_before
+                self._before = None
+            return done
+
+        @property
+        def backends_cpu_ms_per_delivery(self) -> float:
+            return round(1000 * self.backends_cpu / self.counted, 3) if self.counted else 0.0
+
+    return BackendsCounted(**{field.name: getattr(rig, field.name) for field in fields(rig)})
+
+
+def _report(
+    bench: Any,
+    drains: dict[int, list[dict[str, Any]]],
+    baselines: list[dict[str, Any]],
+    clients: int,
+) -> dict[str, Any]:
+    from bench.suites import _summary_of_rounds
+
+    configs = {workers: _summary_of_rounds(rounds) for workers, rounds in drains.items()}
+    most = max(configs)
+    cpu_ratios = [
+        report.ratio(
+            record["taskhook_drain"]["database_backends_cpu_ms_per_delivery"],
+            baseline["cpu_ms_per_create"]["database_backends"],
+        )
+        for record, baseline in zip(drains[most], baselines, strict=True)
+    ]
+    server_ratios = [
+        report.ratio(
+            record["taskhook_drain"]["cpu_ms_per_delivery"]["postgres"],
+            baseline["cpu_ms_per_create"]["postgres"],
+        )
+        for record, baseline in zip(drains[most], baselines, strict=True)
+    ]
+    cpu_ratio = statistics.median(cpu_ratios)
+    drain_ratio = configs[most]["ratio_vs_noop"]
+    rows = []
+    for workers, config in configs.items():
+        rows.append(
+            {
+                "label": f"no-op drain\n{workers} process(es)",
+                "rate": config["noop_drain"]["rate_per_s"],
+            }
+        )
+        rows.append(
+            {
+                "label": f"taskhook drain\n{workers} process(es)",
+                "rate": config["taskhook_drain"]["rate_per_s"],
+            }
+        )
+    rows.append(
+        {
+            "label": f"pgbench bare create\n{clients} clients",
+            "rate": report.median([b["rate_per_s"] for b in baselines]),
+        }
+    )
+    result = {
+        "deliveries": bench.sizes.messages_deliveries,
+        "relay_keys_per_message": ONE_KEY_PER_MESSAGE,
+        "configs": {f"{workers} worker process(es)": config for workers, config in configs.items()},
+        "pgbench_bare_create": {
+            "clients": clients,
+            "rounds": baselines,
+            "rate_per_s": report.median([b["rate_per_s"] for b in baselines]),
+            "cpu_ms_per_create": {
+                side: round(statistics.median(b["cpu_ms_per_create"][side] for b in baselines), 3)
+                for side in ("postgres", "database_backends")
+            },
+        },
+        "postgres_cpu_per_delivery_vs_bare_create": {
+            "worker_processes": most,
+            "taskhook_ms_per_delivery": [
+                r["taskhook_drain"]["database_backends_cpu_ms_per_delivery"] for r in drains[most]
+            ],
+            "pgbench_ms_per_create": [
+                b["cpu_ms_per_create"]["database_backends"] for b in baselines
+            ],
+            "ratio": cpu_ratio,
+            "ratios_per_round": cpu_ratios,
+            # The same, over every postgres process (as bench e2e counts it):
+            # a neighbour's work on the shared server, and backends exiting, move it.
+            "every_postgres_process_ratios_per_round": server_ratios,
+        },
+        "goals": {
+            f"drain >= {DRAIN_GOAL}x no-op, one message per delivery, {most} processes": (
+                drain_ratio >= DRAIN_GOAL
+            ),
+            f"PostgreSQL CPU per delivery <= {POSTGRES_CPU_GOAL}x pgbench's bare create": (
+                cpu_ratio <= POSTGRES_CPU_GOAL
+            ),
+        }
+        | {
+            f"every task settled, every row done, {workers} process(es)": config["exact"]
+            for workers, config in configs.items()
+        },
+    }
+    return bench.finish(
+        result,
+        rows,
+        f"One message per delivery: {bench.sizes.messages_deliveries} deliveries",
+        rate_label="deliveries, tasks or creates per s",
+    )
