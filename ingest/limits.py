@@ -83,8 +83,9 @@ class StreamSlots:
     """How many event streams are open, in all and per token.
 
     A stream takes a slot before it is answered and gives it back when it
-    ends, so a caller over a cap is refused (429 over REST) instead of one more stream that
-    polls the database twice a second.
+    ends, so a caller over a cap is refused (429 over REST) instead of one more open
+    connection (and, on SQLite or while the listener is down, one more stream that
+    polls the database).
     """
 
     def __init__(self, *, total: int, per_token: int) -> None:
