@@ -47,14 +47,14 @@ class Store:
     url: str
     engine: Engine
     sessions: sessionmaker[Session]
-    #: Whether the worker may take its PostgreSQL fast path here (the worker
-    #: tests run on PostgreSQL with it on and off: tests/integration/worker).
+    #: Whether the worker may take its fast path here (the worker tests run
+    #: on each database with it on and off: tests/integration/worker).
     fast_path: bool = True
 
     @property
     def takes_fast_path(self) -> bool:
         """A plain create runs on the fast path (models.fastpath) on this store."""
-        return self.dialect == "postgresql" and self.fast_path
+        return self.fast_path
 
     def worker_settings(self, base: Settings) -> Settings:
         """``base`` with the worker's path as this store runs it."""

@@ -6,9 +6,9 @@ PostgreSQL. The task body in ``worker.tasks`` opens one session scope, calls
 again after ``retry_in`` seconds.
 
 A run claims the row with a lease, parses the body with the source's
-provider, creates the task (on PostgreSQL's plain case through
-``models.fastpath``; else through ``models.tasks.create_task``, its insert
-fenced by the lease), and records the outcome fenced by the lease's attempt.
+provider, creates the task (in the plain case through ``models.fastpath``,
+on PostgreSQL and SQLite alike; else through ``models.tasks.create_task``, its
+insert fenced by the lease), and records the outcome fenced by the lease's attempt.
 How each answer of the task store ends is a table in code
 (:data:`CREATE_REFUSALS` and :class:`Attempt`'s endings); the steps, the
 table and why a run is safe twice at once are in docs/architecture.md, "A
@@ -386,8 +386,8 @@ def process_delivery(
     ``session`` is the caller's unit of work. The run commits in named
     transactions (``models.db.transaction``), because each must be durable
     before the next step: the lease, the create's insert and settlement
-    (``models.tasks``), and the delivery's record; on the fast path each of
-    its two statements is a transaction of its own. ``retries`` is the
+    (``models.tasks``), and the delivery's record; the fast path has two, the
+    lease with the insert, and the settlement with the record. ``retries`` is the
     message's own retry count: the row's count (``deliveries.retries``) is
     the budget, and the message's counts only when larger -- the retries of
     a message whose claim never reached the database (it was down) were

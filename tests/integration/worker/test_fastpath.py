@@ -1,8 +1,9 @@
-"""The worker's fast path (PostgreSQL) and where it hands over to the general path.
+"""The worker's fast path and where it hands over to the general path.
 
-Each test runs on SQLite, where the general path does everything, and on
-PostgreSQL, where the plain case takes the fast path's two statements: the
-same assertions on both prove the two paths give the same answers, including
+Each test runs on SQLite and on PostgreSQL, each with the fast path on (the
+plain case takes its two transactions) and off (the general path does
+everything): the same assertions on all four prove the paths give the same
+answers, including
 at every hand-over (a WIP limit, a lost race, a release or a delete between
 the insert and the settlement, a row without the draft the ingress reads).
 """
@@ -52,13 +53,13 @@ def general_creates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return creates
 
 
-def test_a_plain_create_takes_the_fast_path_on_postgresql_unless_it_is_turned_off(
+def test_a_plain_create_takes_the_fast_path_unless_it_is_turned_off(
     store: Store, general_creates: list[int]
 ):
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
     with fast_path(store.engine) as fast:
-        assert (fast is not None) == (store.dialect == "postgresql")
+        assert fast is not None
 
     processed = run(store, pk)
 
@@ -295,9 +296,8 @@ def test_a_row_without_the_draft_is_created_by_the_general_path(
     assert task.external_id == "jira:TES-41"
 
 
-@pytest.mark.postgres
-def test_the_fast_path_creates_the_task_the_ingress_read(fast_path_store: Store):
-    store = fast_path_store
+def test_the_fast_path_creates_the_task_the_ingress_read(fast_store: Store):
+    store = fast_store
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
     with session_scope(store.sessions) as session:  # as if the ingress had read it so
