@@ -128,9 +128,10 @@ def _report(
     baselines: list[dict[str, Any]],
     clients: int,
 ) -> dict[str, Any]:
-    from bench.suites import _summary_of_rounds
+    from bench.suites import _summary_of_rounds, drain_rows, settled_goals
 
     configs = {workers: _summary_of_rounds(rounds) for workers, rounds in drains.items()}
+    labelled = {f"{workers} process(es)": config for workers, config in configs.items()}
     most = max(configs)
     cpu_ratios = [
         report.ratio(
@@ -148,20 +149,7 @@ def _report(
     ]
     cpu_ratio = statistics.median(cpu_ratios)
     drain_ratio = configs[most]["ratio_vs_noop"]
-    rows = []
-    for workers, config in configs.items():
-        rows.append(
-            {
-                "label": f"no-op drain\n{workers} process(es)",
-                "rate": config["noop_drain"]["rate_per_s"],
-            }
-        )
-        rows.append(
-            {
-                "label": f"taskhook drain\n{workers} process(es)",
-                "rate": config["taskhook_drain"]["rate_per_s"],
-            }
-        )
+    rows = drain_rows(labelled)
     rows.append(
         {
             "label": f"pgbench bare create\n{clients} clients",
@@ -203,10 +191,7 @@ def _report(
                 cpu_ratio <= POSTGRES_CPU_GOAL
             ),
         }
-        | {
-            f"every task settled, every row done, {workers} process(es)": config["exact"]
-            for workers, config in configs.items()
-        },
+        | settled_goals(labelled),
     }
     return bench.finish(
         result,

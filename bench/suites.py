@@ -861,6 +861,27 @@ def _summary_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def drain_rows(configs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chart's rows of drains summarized by :func:`_summary_of_rounds`,
+    by label: the no-op's rate, then taskhook's."""
+    rows = []
+    for label, config in configs.items():
+        rows.append({"label": f"no-op drain\n{label}", "rate": config["noop_drain"]["rate_per_s"]})
+        rows.append(
+            {"label": f"taskhook drain\n{label}", "rate": config["taskhook_drain"]["rate_per_s"]}
+        )
+    return rows
+
+
+def settled_goals(configs: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """The goal every drain has besides its rate, by label: every task settled
+    once and every inbox row done."""
+    return {
+        f"every task settled, every row done, {label}": config["exact"]
+        for label, config in configs.items()
+    }
+
+
 def _peaks_across(round_peaks: list[dict[str, float]]) -> dict[str, float]:
     """The peak RSS of each process across every round."""
     merged: dict[str, float] = {}
@@ -875,12 +896,7 @@ def _report_end_to_end(
 ) -> dict[str, Any]:
     """The result and its chart: each worker count's two drain rates, and the goals."""
     n = bench.sizes.e2e_deliveries
-    rows = []
-    for label, config in configs.items():
-        rows.append({"label": f"no-op drain\n{label}", "rate": config["noop_drain"]["rate_per_s"]})
-        rows.append(
-            {"label": f"taskhook drain\n{label}", "rate": config["taskhook_drain"]["rate_per_s"]}
-        )
+    rows = drain_rows(configs)
     result = {
         "deliveries": n,
         "worker_shape": _worker_shape(keys_per_message),
@@ -890,10 +906,7 @@ def _report_end_to_end(
             f"drain >= 0.5x no-op, {label}": config["ratio_vs_noop"] >= 0.5
             for label, config in configs.items()
         }
-        | {
-            f"every task settled, every row done, {label}": config["exact"]
-            for label, config in configs.items()
-        },
+        | settled_goals(configs),
     }
     return bench.finish(
         result,

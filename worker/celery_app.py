@@ -27,10 +27,12 @@ Running twice is harmless by construction (``worker.processing``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
+from celery.utils.log import mlevel
 
 from models.messages import (
     CATCH_UP,
@@ -148,6 +150,27 @@ def _build_engine_in_the_child(**_: object) -> None:
 @worker_process_shutdown.connect
 def _dispose_engine(**_: object) -> None:
     runtime.reset()
+
+
+#: Celery's loggers of its INFO lines for every task: "received"
+#: (``celery.worker.strategy``) and "succeeded" (``celery.app.trace``).
+PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+@after_setup_logger.connect
+def _per_task_lines(loglevel: int | str | None = None, **_: object) -> None:
+    # TASKHOOK_WORKER_LOG_EACH_TASK=false: Celery decides whether to log those
+    # lines once, from these loggers' levels, when it builds its consumer and
+    # tracers (after this signal), so at WARNING they cost nothing. What stays:
+    # failures ("raised unexpected", ERROR, from celery.app.trace), rejections
+    # (WARNING), and each retry ("Task ...[id] retry: ...", INFO, from
+    # celery.worker.request). --loglevel DEBUG brings every line back.
+    if runtime.settings().worker_log_each_task:
+        return
+    if loglevel is not None and mlevel(loglevel) <= logging.DEBUG:
+        return
+    for name in PER_TASK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 app = make_celery_app()

@@ -67,7 +67,7 @@ def test_celery_uses_it_for_the_filesystem_broker_only(tmp_path: Path):
     with app.connection_for_write() as connection:
         assert isinstance(connection.transport, filesystem_broker.Transport)
     redis = celery_config(Settings(broker_url="redis://127.0.0.1:6379/0"))
-    assert redis["broker_transport"] is None
+    assert redis["broker_transport"] == "models.redis_broker:Transport"
 
 
 def _channel(connection: Connection) -> filesystem_broker.Channel:

@@ -14,13 +14,13 @@ from psycopg import pq
 from sqlalchemy import event
 
 from ingest.adapters import read_delivery
-from models.db import make_engine, make_session_factory, session_scope
+from models.db import make_engine, make_session_factory
 from models.providers import PROVIDERS
 from tests.conftest import Store
 from tests.deliveries import fixture
 from tests.integration.worker.feeds import JIRA_SITE, make_feed, store_delivery
 from tests.integration.worker.runs import SETTINGS
-from worker.processing import process_delivery
+from worker import runtime, tasks
 
 #: psycopg prepares a statement on its fifth execution (one extra round trip,
 #: once per connection): the deliveries counted come after it.
@@ -74,11 +74,12 @@ def test_a_plain_delivery_on_the_fast_path_is_two_round_trips(
         dbapi_connection.pgconn.trace(traced.fileno())
         dbapi_connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
 
+    # What both delivery tasks run for a key, unit of work included: it opens
+    # no transaction of its own (worker.tasks).
+    runtime.use(sessions=sessions, settings=store.worker_settings(SETTINGS))
+
     def deliver(pk: int) -> str | None:
-        with session_scope(sessions) as session:
-            processed = process_delivery(
-                session=session, delivery_pk=pk, settings=store.worker_settings(SETTINGS)
-            )
+        processed = tasks._process(pk, retries=0)
         assert processed.outcome == "created", processed
         return processed.path
 
@@ -91,6 +92,7 @@ def test_a_plain_delivery_on_the_fast_path_is_two_round_trips(
         traced.flush()
         after = _round_trips(trace)
     finally:
+        runtime.reset()
         engine.dispose()
         traced.close()
     assert paths == {"fast"}
