@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 import psutil
@@ -78,6 +79,21 @@ def clean_environment(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def python_module(module: str, *args: str, stderr: IO[bytes]) -> subprocess.Popen:
+    """``python -m module args`` from the repository, talking over pipes on
+    stdin and stdout: in a clean environment (no TASKHOOK_* of ours) and a
+    session of its own, so it is killed as a group (``os.killpg``)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=clean_environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        start_new_session=True,
+    )
 
 
 class Process:
@@ -277,15 +293,7 @@ class Processes:
         """Run the load generator to completion and return its result."""
         log = self.logs / f"loadgen-{uuid.uuid4().hex[:6]}.log"
         with log.open("wb") as errors:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "bench.loadgen"],
-                cwd=ROOT,
-                env=clean_environment(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                start_new_session=True,
-            )
+            popen = python_module("bench.loadgen", stderr=errors)
             try:
                 out, _ = popen.communicate(
                     json.dumps(spec).encode(), timeout=spec.get("timeout", 600) + 60

@@ -43,11 +43,10 @@ from sqlalchemy import select
 from bench import report, taskhook
 from bench.loadgen import percentiles
 from bench.processes import (
-    ROOT,
     BenchError,
     Process,
-    clean_environment,
     libpq_url,
+    python_module,
     throwaway_database,
     wait_until,
 )
@@ -357,15 +356,7 @@ class _Holder:
 
     def start(self) -> None:
         with self.log.open("wb") as errors:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "bench.streams", json.dumps(self.spec)],
-                cwd=ROOT,
-                env=clean_environment(),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errors,
-                start_new_session=True,
-            )
+            self.popen = python_module("bench.streams", json.dumps(self.spec), stderr=errors)
         if not self._wait_for(b"open", time.monotonic() + OPEN_TIMEOUT):
             self._kill()
             raise BenchError(f"the stream holder did not open: {self.log.read_text()[-2000:]}")

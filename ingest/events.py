@@ -24,7 +24,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -142,7 +142,7 @@ async def workspace_events(
         if runtime.listener is not None
         else contextlib.nullcontext(None)
     )
-    return SlotHoldingStream(
+    return sse_response(
         _stream(
             read,
             following,
@@ -152,18 +152,19 @@ async def workspace_events(
             poll_seconds=runtime.settings.stream_poll_seconds,
         ),
         give_back=give_back,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
 def framed(bodies: list[dict]) -> list[dict]:
-    """Events as a stream sends them: each one's position and its SSE frame.
-    Made once per event read, so a feed's thousand streams share each frame."""
+    """Events as a stream sends them: each one's position and its SSE frame,
+    encoded. Made once per event read, so a feed's thousand streams share
+    each frame's bytes."""
     return [
         {
             "id": body["id"],
-            "frame": f"id: {body['id']}\nevent: {body['type']}\ndata: {json.dumps(body)}\n\n",
+            "frame": (
+                f"id: {body['id']}\nevent: {body['type']}\ndata: {json.dumps(body)}\n\n"
+            ).encode(),
         }
         for body in bodies
     ]
@@ -184,7 +185,62 @@ class SlotHoldingStream(StreamingResponse):
             self._give_back()
 
 
-async def _stream(
+def sse_response(body: AsyncIterator[bytes], *, give_back: Callable[[], None]) -> StreamingResponse:
+    """An SSE body as the answer, holding its stream slot until it ends."""
+    return SlotHoldingStream(
+        body,
+        give_back=give_back,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+class StreamSource(Protocol):
+    """What one kind of SSE stream says, for :func:`sse_stream` to send.
+
+    Entered when the stream starts and left however it ends."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    async def look(self) -> bytes:
+        """Frames of whatever is new since the last look; b"" when nothing is."""
+        ...
+
+    async def wait(self, due: float) -> None:
+        """Until something may be new, or ``due`` (time.monotonic) at the latest."""
+        ...
+
+
+async def sse_stream(source: StreamSource, *, timeout: float) -> AsyncIterator[bytes]:
+    """The loop of every SSE stream here (task events, the console's deliveries).
+
+    It never asks whether the client is still there: StreamingResponse
+    listens for the disconnect and cancels this. Whatever a look finds goes
+    out as one write, however many events it holds; a quiet stream says it is
+    alive every ``KEEPALIVE_SECONDS`` and closes after ``timeout``."""
+    closes_at = time.monotonic() + timeout
+    said_at = time.monotonic()
+    with source:
+        # Said once the source is entered (follows its feed): nothing is missed from here.
+        yield b"retry: 1000\n\n"  # reconnect after a second when the stream closes
+        while True:
+            written = await source.look()
+            if written:
+                yield written
+                said_at = time.monotonic()
+                continue  # there may be more right away
+            now = time.monotonic()
+            if now >= closes_at:
+                return
+            if now - said_at >= KEEPALIVE_SECONDS:
+                yield b": still here\n\n"
+                said_at = now
+            await source.wait(min(closes_at, said_at + KEEPALIVE_SECONDS))
+
+
+def _stream(
     read: Callable[[int], Awaitable[list[dict]]],
     following: contextlib.AbstractContextManager[WorkspaceFeed | None],
     cursor: int,
@@ -192,42 +248,105 @@ async def _stream(
     timeout: float,
     limit: int,
     poll_seconds: float,
-) -> AsyncIterator[str]:
-    """The SSE body. It never asks whether the client is still there:
-    StreamingResponse listens for the disconnect and cancels this."""
-    closes_at = time.monotonic() + timeout
-    said_at = time.monotonic()
-    with following as feed:
-        # Said once the stream follows its feed: from here on nothing is missed.
-        yield "retry: 1000\n\n"  # reconnect after a second when the stream closes
-        while True:
-            changed = feed.changed if feed is not None else None  # before looking
-            if feed is not None and feed.learning:
+) -> AsyncIterator[bytes]:
+    """The task event stream's body, resuming after ``cursor``."""
+    return sse_stream(
+        _TaskEvents(read, following, cursor, limit=limit, poll_seconds=poll_seconds),
+        timeout=timeout,
+    )
+
+
+class _TaskEvents:
+    """A workspace's task events for one stream: from its feed when the feed
+    can vouch for the cursor, else read from the database.
+
+    A stream woken late in a feed's fan-out finds the events of several
+    notifications and sends them together; order and resume go by
+    ``cursor`` alone, so batching never skips or repeats an event."""
+
+    def __init__(
+        self,
+        read: Callable[[int], Awaitable[list[dict]]],
+        following: contextlib.AbstractContextManager[WorkspaceFeed | None],
+        cursor: int,
+        *,
+        limit: int,
+        poll_seconds: float,
+    ) -> None:
+        self._read, self._following = read, following
+        self.cursor, self._limit, self._poll_seconds = cursor, limit, poll_seconds
+        self._feed: WorkspaceFeed | None = None
+        self._seen = 0  # the feed's version when this stream last looked
+        self._alarm = _Alarm()
+
+    def __enter__(self) -> _TaskEvents:
+        self._feed = self._following.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._alarm.cancel()
+        self._following.__exit__(*exc_info)
+
+    async def look(self) -> bytes:
+        feed, events = self._feed, None
+        if feed is not None:
+            self._seen = feed.version  # before looking, so a change meanwhile is not missed
+            if feed.learning:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(LEARNING_SECONDS):
-                        await changed.wait()
-                changed = feed.changed
-            events = feed.after(cursor, limit) if feed is not None else None
-            if events is None:
-                events = await read(cursor)
-            if events:
-                cursor = events[-1]["id"]
-                yield "".join(event["frame"] for event in events)  # one write for them all
-                said_at = time.monotonic()
-                continue  # there may be more right away
-            now = time.monotonic()
-            if now >= closes_at:
-                return
-            if now - said_at >= KEEPALIVE_SECONDS:
-                yield ": still here\n\n"
-                said_at = now
-            quiet = min(closes_at, said_at + KEEPALIVE_SECONDS) - now
-            if feed is None or not feed.live:
-                await asyncio.sleep(min(poll_seconds, quiet))
-                continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(quiet):
-                    await changed.wait()
+                        await feed.changed.wait()
+                self._seen = feed.version
+            events = feed.after(self.cursor, self._limit)
+        if events is None:
+            events = await self._read(self.cursor)
+        if not events:
+            return b""
+        self.cursor = events[-1]["id"]
+        return b"".join(event["frame"] for event in events)  # one write for them all
+
+    async def wait(self, due: float) -> None:
+        feed = self._feed
+        if feed is None or not feed.live:
+            await asyncio.sleep(min(self._poll_seconds, due - time.monotonic()))
+        elif feed.version == self._seen:  # else it changed while this stream read
+            await self._alarm.until(feed.waiter(), due)
+
+
+class _Alarm:
+    """A stream's one timer for its keep-alive and its end, kept across waits.
+
+    A timer per wait (``asyncio.timeout``) costs a heap push and a cancel per
+    event per stream. This one is armed again only when the stream must wake
+    earlier than it is set for; when it rings early (the stream wrote since),
+    the stream just looks, finds nothing due, and sets it again."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._waiting: asyncio.Future | None = None
+
+    async def until(self, waiter: asyncio.Future, due: float) -> None:
+        """Wait for ``waiter``, or until ``due`` (time.monotonic), whichever first."""
+        if self._timer is None or due < self._due:
+            self.cancel()
+            delay = due - time.monotonic()
+            self._timer = asyncio.get_running_loop().call_later(delay, self._ring)
+            self._due = due
+        self._waiting = waiter
+        try:
+            await waiter
+        finally:
+            self._waiting = None
+
+    def _ring(self) -> None:
+        self._timer = None
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(None)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 @contextlib.asynccontextmanager

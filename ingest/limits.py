@@ -29,7 +29,13 @@ class BodyLimit:
         if scope["type"] != "http" or scope["path"].startswith(self.exempt):
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length", b"")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"")
+        if not declared and b"transfer-encoding" not in headers:
+            # No body (RFC 9112 §6.3): nothing to count, and an event stream's
+            # every write is spared a wrapper.
+            await self.app(scope, receive, send)
+            return
         if declared.isdigit() and int(declared) > self.limit:
             await self._too_large(send)
             return

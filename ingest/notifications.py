@@ -55,6 +55,11 @@ class WorkspaceFeed:
         self._positions: list[int] = []
         self._events: list[dict] = []
         self._changed = asyncio.Event()
+        #: Streams parked until the next change: one future each, woken
+        #: together -- cheaper per stream than an Event with a timeout each.
+        self._waiters: list[asyncio.Future] = []
+        #: Counts changes, so a stream can tell one happened while it read.
+        self.version = 0
         self.followers = 0
         self.refreshing: asyncio.Task | None = None
         self.again = False
@@ -72,6 +77,16 @@ class WorkspaceFeed:
         """Set at the next change. Take it *before* looking at the feed, so a
         change in between is not missed."""
         return self._changed
+
+    def waiter(self) -> asyncio.Future:
+        """A future done at the next change (or cancelled by its waiter).
+        Take it with no await between looking at the feed and waiting on it,
+        or compare :attr:`version` first."""
+        if len(self._waiters) > 2 * self.followers + 8:  # woken early by their own timers
+            self._waiters = [waiter for waiter in self._waiters if not waiter.done()]
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
 
     def after(self, cursor: int, limit: int) -> list[dict] | None:
         """Up to ``limit`` events after ``cursor`` from memory; [] when the feed
@@ -100,8 +115,13 @@ class WorkspaceFeed:
 
     def signal(self) -> None:
         """Wake whoever waits on :attr:`changed`, and arm a fresh one."""
+        self.version += 1
         fired, self._changed = self._changed, asyncio.Event()
         fired.set()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class EventListener:
@@ -250,26 +270,35 @@ class EventListener:
         feed.refreshing = asyncio.create_task(self._read_new(feed))
 
     async def _read_new(self, feed: WorkspaceFeed) -> None:
+        # Streams are woken only for news: a notification that came during a
+        # read, whose events that read already got, wakes none of them again.
+        news = False
         try:
             while True:
                 feed.again = False
                 if feed.head is None:
                     # Nothing to read yet: whatever commits from now on notifies.
                     feed.start_at(await self._last_position(feed.workspace_id))
+                    news = True
                     if not feed.again:
                         break
                     continue
                 while True:
                     events = await self._read(feed.workspace_id, feed.head, self._keep)
                     feed.add(events)
+                    news = news or bool(events)
                     if len(events) < self._keep:
                         break
                 if not feed.again:
                     break
-                feed.signal()
+                if news:
+                    feed.signal()
+                    news = False
         except Exception:  # the streams read for themselves meanwhile
             log.exception("event feed of workspace %s could not read", feed.workspace_id)
             feed.head = None
+            news = True
         finally:
             feed.refreshing = None
-            feed.signal()
+            if news:
+                feed.signal()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -298,8 +299,19 @@ def config_from(argv: list[str], settings: Settings) -> Config:
     )
 
 
+class FrozenAfterStartup(uvicorn.Server):
+    """A server whose startup heap (the app, its libraries, the lifespan's
+    engine and listener) is left out of the collector's full passes, which
+    otherwise walk all of it and stall every open event stream meanwhile
+    (one was seen taking ~0.7 s on a loaded machine; docs/performance.md §13)."""
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        gc.freeze()
+
+
 def main() -> None:
-    server = uvicorn.Server(config_from(sys.argv[1:], get_settings()))
+    server = FrozenAfterStartup(config_from(sys.argv[1:], get_settings()))
     server.run()
     if not server.started:  # as ``uvicorn`` itself exits when it could not start
         sys.exit(STARTUP_FAILURE)

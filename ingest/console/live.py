@@ -9,8 +9,9 @@ nothing from it, so nothing the stream carries is ever written into HTML.
 The stream looks, once a second, for deliveries after the newest one the
 page showed (by key: the primary key's index) and at the statuses of the
 deliveries still in work that it was told to watch or has seen arrive (at
-most ``MAX_WATCHED``, by key). It counts against the same caps as the
-task event stream (``ingest.limits.StreamSlots``) and closes after a while;
+most ``MAX_WATCHED``, by key). It is the task event stream's loop
+(``ingest.events.sse_stream``) over a source that polls, counts against the
+same caps (``ingest.limits.StreamSlots``), and closes after a while;
 EventSource then reconnects by itself.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated
 
@@ -31,7 +31,7 @@ from starlette.responses import Response
 
 from ingest.console.auth import Refused, User
 from ingest.console.pages import read, router, scope_of
-from ingest.events import SlotHoldingStream
+from ingest.events import sse_response, sse_stream
 from ingest.limits import StreamsFull
 from ingest.rest import MAX_ID
 from models.inbox import FINISHED
@@ -65,39 +65,56 @@ async def deliveries_live(
         give_back = runtime.streams.take(user.principal.token_id)
     except StreamsFull as full:
         raise Refused(429, str(full)) from None
-    return SlotHoldingStream(
-        _changes(request, workspace_ids, after, watched, timeout),
-        give_back=give_back,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    changes = _DeliveryChanges(request, workspace_ids, after, watched)
+    return sse_response(sse_stream(changes, timeout=timeout), give_back=give_back)
 
 
-async def _changes(
-    request: Request, workspace_ids: frozenset[int], cursor: int, watched: set[int], timeout: float
-) -> AsyncIterator[str]:
-    statuses: dict[int, str | None] = dict.fromkeys(watched)
-    closes_at = time.monotonic() + timeout
-    yield "retry: 1000\n\n"
-    while not await request.is_disconnected() and time.monotonic() < closes_at:
+class _DeliveryChanges:
+    """The deliveries a page shows, looked at every ``POLL_SECONDS``: new
+    ones after ``cursor`` and the watched ones whose status changed. Nothing
+    notifies a delivery's change, so this polls; the loop around it -- one
+    write per look, keep-alive, close, disconnect -- is the task stream's
+    (``ingest.events.sse_stream``)."""
+
+    def __init__(
+        self, request: Request, workspace_ids: frozenset[int], cursor: int, watched: set[int]
+    ) -> None:
+        self._request, self._workspace_ids, self._cursor = request, workspace_ids, cursor
+        self._statuses: dict[int, str | None] = dict.fromkeys(watched)
+
+    def __enter__(self) -> _DeliveryChanges:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    async def look(self) -> bytes:
+        statuses = self._statuses
         new, now = await run_in_threadpool(
             read,
-            request,
-            partial(_look, workspace_ids=workspace_ids, cursor=cursor, watched=list(statuses)),
+            self._request,
+            partial(
+                _look,
+                workspace_ids=self._workspace_ids,
+                cursor=self._cursor,
+                watched=list(statuses),
+            ),
         )
         changed = [(key, status) for key, status in now.items() if statuses.get(key) != status]
         for key, status in new:
-            cursor = max(cursor, key)
+            self._cursor = max(self._cursor, key)
             changed.append((key, status))
+        frames = []
         for key, status in changed:
             if status in FINISHED:
                 statuses.pop(key, None)
             elif key in statuses or len(statuses) < MAX_WATCHED:
                 statuses[key] = status
-            yield f"event: delivery\ndata: {json.dumps({'id': key, 'status': status})}\n\n"
-        if not changed:
-            yield ": still here\n\n"
-        await asyncio.sleep(POLL_SECONDS)
+            frames.append(f"event: delivery\ndata: {json.dumps({'id': key, 'status': status})}\n\n")
+        return "".join(frames).encode()
+
+    async def wait(self, due: float) -> None:
+        await asyncio.sleep(min(POLL_SECONDS, due - time.monotonic()))
 
 
 def _look(

@@ -286,3 +286,28 @@ def test_on_sqlite_a_stream_polls_and_still_delivers(tmp_path, request: pytest.F
                 assert stream.next(within=5)["task_id"] == task
     finally:
         stores.close()
+
+
+def test_a_burst_arrives_on_every_stream_in_order_without_gaps_and_resumes_after_it(
+    store: Store,
+):
+    """However a burst's events are batched into writes -- streams woken late
+    in a feed's fan-out send several notifications' events at once -- each
+    stream sees each event once, in order, and resumes right after its last."""
+    burst = 25
+    with serving(store, stream_poll_seconds=0.2) as server, ExitStack() as stack:
+        if store.dialect == "postgresql":
+            wait_for(lambda: server.listener.listening, 10, "the listener")
+        streams = [stack.enter_context(streaming(server)) for _ in range(3)]
+        tasks = [create(store, server.workspace, f"jira:G-{n}") for n in range(1, burst + 1)]
+        for stream in streams:
+            events = [stream.next(within=10) for _ in tasks]
+            assert [(event["id"], event["task_id"]) for event in events] == list(
+                zip(range(1, burst + 1), tasks, strict=True)
+            )
+            stream.nothing_for(0.3)
+        with streaming(server, after=burst - 5) as resumed:
+            assert [resumed.next(within=10)["id"] for _ in range(5)] == list(
+                range(burst - 4, burst + 1)
+            )
+            resumed.nothing_for(0.3)

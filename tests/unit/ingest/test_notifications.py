@@ -153,3 +153,26 @@ def test_a_failed_read_leaves_the_feed_to_relearn_its_position():
             assert waiting.is_set() and feed.head is None and feed.after(0, 10) is None
 
     asyncio.run(scenario())
+
+
+def test_a_notification_whose_events_an_earlier_read_got_wakes_no_stream_again():
+    async def scenario() -> None:
+        store = FakeStore()
+        listener = listening(store)
+        with listener.follow(1) as feed:
+            await settle()
+            store.append(1)
+            store.append(1)
+            store.gate.clear()
+            listener._notified("1")
+            await settle()
+            listener._notified("1")  # the second commit's, during the read that gets both
+            waiter = feed.waiter()
+            version = feed.version
+            store.gate.set()
+            await settle()
+            assert waiter.done() and feed.version == version + 1  # one wake for both
+            assert store.reads == [(1, 0), (1, 2)]  # the second read found nothing new
+            assert feed.after(0, 10) == [body(1), body(2)]
+
+    asyncio.run(scenario())
