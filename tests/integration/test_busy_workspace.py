@@ -14,7 +14,6 @@ same statement as the insert) on every store the worker tests use.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -22,14 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import select
 
-from ingest.adapters import read_delivery
 from models.db import make_engine, make_session_factory, session_scope
-from models.providers import PROVIDERS
 from models.tables import Task
 from models.tasks import CreateOutcome, NewTask, create_task
 from tests.conftest import TRUSTED, Store
-from tests.deliveries import fixture
-from tests.integration.worker.feeds import JIRA_SITE, make_feed, store_delivery
+from tests.integration.worker.feeds import make_feed, store_github_issue
 from tests.integration.worker.runs import SETTINGS, run
 
 THREADS = 8
@@ -99,35 +95,17 @@ def test_concurrent_creates_with_found_outcomes_leave_no_gap(store: Store) -> No
         assert_gapless(store, workspace.id, len(identities))
 
 
-def _issue_body(number: int) -> bytes:
-    """The GitHub ``issues.opened`` fixture for issue ``number`` of its repository."""
-    payload = json.loads(fixture("github", "issues__opened"))
-    payload["issue"]["number"] = number
-    payload["issue"]["html_url"] = f"https://github.com/Codertocat/Hello-World/issues/{number}"
-    return json.dumps(payload).encode()
-
-
 def test_concurrent_deliveries_into_one_workspace_leave_no_gap(store: Store) -> None:
-    """The worker's runs (the fast path on PostgreSQL) from several threads,
+    """The worker's runs (the fast path, on either database) from several threads,
     deliveries of 12 issues, each delivered three times under ids of its own."""
     feed = make_feed(store.sessions, "busy", "BUSY")
     issues = 12
-    github = PROVIDERS["github"]
-    pks = []
-    for copy in range(3):
-        for number in range(1, issues + 1):
-            # Distinct bytes per copy: the same body under another id is a replay.
-            body = _issue_body(number) + b" " * copy
-            reading = read_delivery(github, "issues.opened", json.loads(body), JIRA_SITE)
-            pks.append(
-                store_delivery(
-                    store.sessions,
-                    feed.github_source_id,
-                    body=body,
-                    event="issues.opened",
-                    reading=reading,
-                )
-            )
+    # Each issue delivered three times, under ids and bytes of its own.
+    pks = [
+        store_github_issue(store.sessions, feed, number)
+        for _ in range(3)
+        for number in range(1, issues + 1)
+    ]
     start = threading.Barrier(4)
 
     def worker(thread: int) -> list:

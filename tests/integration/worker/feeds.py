@@ -166,6 +166,21 @@ def store_fixture(
     )
 
 
+def store_github_issue(sessions: sessionmaker[Session], feed: Feed, number: int) -> int:
+    """Store GitHub's ``issues.opened`` fixture as issue ``number`` of its
+    repository (``gh-issue/Codertocat/Hello-World#<number>``), with the task
+    its body describes, as the ingress keeps it. Bytes of its own each call,
+    as :func:`store_fixture`'s: a second call for a number is a redelivery."""
+    payload = json.loads(fixture("github", "issues__opened"))
+    payload["issue"]["number"] = number
+    payload["issue"]["html_url"] = f"https://github.com/Codertocat/Hello-World/issues/{number}"
+    body = json.dumps(payload).encode() + b" " * next(_STORED)
+    reading = read_delivery(PROVIDERS["github"], "issues.opened", payload, JIRA_SITE)
+    return store_delivery(
+        sessions, feed.github_source_id, body=body, event="issues.opened", reading=reading
+    )
+
+
 def delivery(sessions: sessionmaker[Session], pk: int) -> Delivery:
     with sessions() as session:
         return session.get(Delivery, pk)

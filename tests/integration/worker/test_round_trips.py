@@ -7,18 +7,14 @@ ping, no read of the body (docs/architecture.md, "The fast path").
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from psycopg import pq
 from sqlalchemy import event
 
-from ingest.adapters import read_delivery
 from models.db import make_engine, make_session_factory
-from models.providers import PROVIDERS
 from tests.conftest import Store
-from tests.deliveries import fixture
-from tests.integration.worker.feeds import JIRA_SITE, make_feed, store_delivery
+from tests.integration.worker.feeds import make_feed, store_github_issue
 from tests.integration.worker.runs import SETTINGS
 from worker import runtime, tasks
 
@@ -26,14 +22,6 @@ from worker import runtime, tasks
 #: once per connection): the deliveries counted come after it.
 WARM_UP = 6
 COUNTED = 10
-
-
-def _issue(number: int) -> tuple[bytes, object]:
-    payload = json.loads(fixture("github", "issues__opened"))
-    payload["issue"]["number"] = number
-    payload["issue"]["html_url"] = f"https://github.com/Codertocat/Hello-World/issues/{number}"
-    reading = read_delivery(PROVIDERS["github"], "issues.opened", payload, JIRA_SITE)
-    return json.dumps(payload).encode(), reading
 
 
 def _round_trips(trace: Path) -> int:
@@ -52,18 +40,10 @@ def test_a_plain_delivery_on_the_fast_path_is_two_round_trips(
 ) -> None:
     store = fast_path_store
     feed = make_feed(store.sessions)
-    pks = []
-    for number in range(1, WARM_UP + COUNTED + 1):
-        body, reading = _issue(number)
-        pks.append(
-            store_delivery(
-                store.sessions,
-                feed.github_source_id,
-                body=body,
-                event="issues.opened",
-                reading=reading,
-            )
-        )
+    pks = [
+        store_github_issue(store.sessions, feed, number)
+        for number in range(1, WARM_UP + COUNTED + 1)
+    ]
     trace = tmp_path / "libpq.trace"
     engine = make_engine(store.url, pool_size=1, max_overflow=0, pool_pre_ping=False)
     sessions = make_session_factory(engine)
