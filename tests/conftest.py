@@ -112,10 +112,19 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _empty_postgres(engine: Engine) -> None:
-    tables = ", ".join(table.name for table in Base.metadata.sorted_tables)
+def empty_postgres(engine: Engine) -> None:
+    """Every table emptied and every sequence back at 1, as a new database.
+
+    DELETE, not TRUNCATE: TRUNCATE gives each of the tables a new file, about
+    120 ms a test here; deleting a test's few rows costs about 3 ms, which
+    over the suite's PostgreSQL tests is almost two minutes."""
     with engine.begin() as connection:
-        connection.exec_driver_sql(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+        for table in reversed(Base.metadata.sorted_tables):  # children first
+            connection.execute(table.delete())
+        connection.exec_driver_sql(
+            "SELECT setval(quote_ident(schemaname) || '.' || quote_ident(sequencename), 1, false) "
+            "FROM pg_sequences"
+        )
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -139,7 +148,7 @@ def open_store(
         yield Store(dialect, url, engine, make_session_factory(engine), fast_path=fast_path)
     finally:
         if dialect == "postgresql":
-            _empty_postgres(engine)
+            empty_postgres(engine)
         engine.dispose()
 
 
@@ -152,7 +161,7 @@ def postgres_store(postgres_url: str) -> Iterator[Store]:
     try:
         yield Store("postgresql", postgres_url, engine, make_session_factory(engine))
     finally:
-        _empty_postgres(engine)
+        empty_postgres(engine)
         engine.dispose()
 
 

@@ -35,8 +35,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.db import make_engine, make_session_factory
 from models.inbox import FINISHED
 from models.settings import Settings
-from models.tables import Base, Delivery
+from models.tables import Delivery
 from tests.brokers import BROKERS, rabbitmq_vhost
+from tests.conftest import empty_postgres
 from tests.e2e.browser import browser, browser_log, page  # noqa: F401 (fixtures)
 from worker.celery_app import make_celery_app
 
@@ -198,9 +199,7 @@ def sessions(postgres_url: str, broker_url: str) -> Iterator[sessionmaker[Sessio
     try:
         yield make_session_factory(engine)
     finally:  # the integration tests after this module expect an empty database
-        tables = ", ".join(table.name for table in Base.metadata.sorted_tables)
-        with engine.begin() as connection:
-            connection.exec_driver_sql(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+        empty_postgres(engine)
         engine.dispose()
 
 
