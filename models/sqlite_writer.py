@@ -19,8 +19,10 @@ or rolls back. Reads take nothing: in WAL mode they never wait for a writer.
 A writer that does not take it (the ``sqlite3`` shell, an older process)
 still meets SQLite's own lock and busy timeout, as before. A writer waits
 for this lock at most the busy timeout too, then goes on to SQLite's lock,
-which fails as it always did: a thread that opens a second write transaction
-while it holds one gets SQLite's "database is locked", not a hang.
+which fails as it always did; a thread that opens a second write transaction
+while it holds one goes to SQLite's lock at once, without waiting for
+itself, and gets SQLite's "database is locked" after one busy timeout, not
+a hang and not two timeouts.
 """
 
 from __future__ import annotations
@@ -56,15 +58,21 @@ class WriterLock:
         self.path = path
         self.timeout_seconds = timeout_seconds
         self._threads = threading.Lock()
+        #: The thread that holds ``_threads``: it must not wait for itself.
+        self._owner: int | None = None
         self._file: int | None = None
         self._file_pid = 0
 
     def acquire(self) -> bool:
         """Wait to be the writer; False when the wait ran out (the writer then
-        goes on to SQLite's own lock and busy timeout)."""
+        goes on to SQLite's own lock and busy timeout), or at once when this
+        thread holds it already, on another connection."""
+        if self._owner == threading.get_ident():
+            return False
         deadline = time.monotonic() + self.timeout_seconds
         if not self._threads.acquire(timeout=self.timeout_seconds):
             return False
+        self._owner = threading.get_ident()
         try:
             descriptor = self._descriptor()
             while True:
@@ -76,14 +84,18 @@ class WriterLock:
                         break
                     time.sleep(CROSS_PROCESS_POLL_SECONDS)
         except BaseException:
-            self._threads.release()
+            self._release_threads()
             raise
-        self._threads.release()
+        self._release_threads()
         return False
 
     def release(self) -> None:
         with contextlib.suppress(OSError):
             fcntl.flock(self._descriptor(), fcntl.LOCK_UN)
+        self._release_threads()
+
+    def _release_threads(self) -> None:
+        self._owner = None
         self._threads.release()
 
     def _descriptor(self) -> int:

@@ -181,8 +181,9 @@ def test_threads_of_one_process_write_in_turn(tmp_path: Path):
 
 def test_a_second_write_transaction_in_the_same_thread_fails_rather_than_hangs(tmp_path: Path):
     """It could never succeed on SQLite (the first holds SQLite's write lock);
-    it must fail after the busy timeout, as it did before the writers' lock."""
-    engine = _engine(tmp_path / "t.db", sqlite_busy_timeout_ms=300)
+    it must fail after the busy timeout, as it did before the writers' lock:
+    the thread does not wait for the lock it holds itself first."""
+    engine = _engine(tmp_path / "t.db", sqlite_busy_timeout_ms=1000)
     try:
         with engine.begin() as connection:
             connection.exec_driver_sql("CREATE TABLE notes (body TEXT)")
@@ -191,7 +192,8 @@ def test_a_second_write_transaction_in_the_same_thread_fails_rather_than_hangs(t
             started = time.monotonic()
             with pytest.raises(OperationalError, match="database is locked"):
                 second.exec_driver_sql("INSERT INTO notes VALUES ('second')")
-            assert time.monotonic() - started < 5
+            # One busy timeout (SQLite's), not two (ours, then SQLite's).
+            assert time.monotonic() - started < 1.9
             second.rollback()
             first.commit()
         with engine.begin() as connection:  # and the lock is free again
@@ -255,4 +257,27 @@ def test_a_forked_child_takes_the_lock_on_its_own_file(tmp_path: Path):
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert lock.acquire()  # the child is gone, and its lock with it
+    lock.release()
+
+
+def test_the_holder_never_waits_for_itself_and_hands_over_at_once(tmp_path: Path):
+    lock = WriterLock(tmp_path / "t.db.writer-lock", timeout_seconds=5)
+    assert lock.acquire()
+    started = time.monotonic()
+    assert lock.acquire() is False  # the holder itself: at once, not after 5 s
+    assert time.monotonic() - started < 1
+    taken = threading.Event()
+
+    def other() -> None:
+        if lock.acquire():
+            taken.set()
+            lock.release()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert not taken.wait(0.2)  # another thread waits ...
+    lock.release()
+    assert taken.wait(5)  # ... and runs once the holder is done
+    thread.join(5)
+    assert lock.acquire()  # free again
     lock.release()
