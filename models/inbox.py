@@ -36,6 +36,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
@@ -136,7 +137,7 @@ class Recorded:
     payload_mismatch: bool = False
 
 
-def record_delivery(*, session: Session, incoming: IncomingDelivery) -> Recorded:
+def record_delivery(*, session: Session | Connection, incoming: IncomingDelivery) -> Recorded:
     """Store the delivery once per (source, delivery id). The caller commits.
 
     In the statements themselves (docs/reliability.md, "Hostile input"):
@@ -152,7 +153,10 @@ def record_delivery(*, session: Session, incoming: IncomingDelivery) -> Recorded
     """
     # The ingress's hot path: one statement, built once per dialect (see
     # _insert_statement), with the row's values as parameters.
-    insert = _insert_statement(session.get_bind().dialect.name)
+    # A Connection too: the ingress's SQLite path writes without an ORM
+    # session, whose bookkeeping costs CPU on every delivery (ingest.runtime).
+    bind = session.get_bind() if isinstance(session, Session) else session
+    insert = _insert_statement(bind.dialect.name)
     values = delivery_values(incoming)
     inserted = session.execute(insert, values).one_or_none()
     if inserted is not None:
