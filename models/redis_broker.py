@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 
 class Channel(redis.Channel):
@@ -42,6 +43,16 @@ class Channel(redis.Channel):
         if client:
             yield client
             return
+        if self._pool is None and self.connection.client is None:
+            # The transport was closed under this channel (the broker went
+            # away while messages were unacknowledged, and Celery tears the
+            # connection down before reconnecting). kombu would build a pool
+            # from connection parameters that are gone and raise
+            # AttributeError, which Celery's teardown does not expect: the
+            # worker's consumer stopped for good. A connection error is what
+            # the teardown ignores; the unacknowledged messages stay in Redis
+            # for the visibility timeout, and their rows for the sweeper.
+            raise RedisConnectionError("the broker connection is closed")
         shared = self._shared_client
         if shared is None or shared.connection_pool is not self.pool:
             shared = self._shared_client = self._create_client()

@@ -50,6 +50,22 @@ def test_kombu_still_builds_a_client_per_command(connection: Connection):
     assert callable(kombu_redis.Channel._create_client)
 
 
+def test_a_channel_whose_transport_was_closed_says_so_with_a_connection_error(
+    connection: Connection,
+):
+    """Celery closes a channel after the broker went away; restoring its
+    unacknowledged messages then asked kombu for a pool built from
+    connection parameters already gone (AttributeError), which stopped the
+    worker's consumer for good. A connection error is what the teardown
+    ignores (kombu's maybe_close_channel), so the worker reconnects."""
+    channel = connection.default_channel
+    channel._disconnect_pools()
+    channel.connection.client = None  # as kombu's Connection leaves a closed transport
+    with pytest.raises(redis_py.exceptions.ConnectionError), channel.conn_or_acquire():
+        pass
+    assert isinstance(redis_py.exceptions.ConnectionError(), channel.connection_errors)
+
+
 def test_a_channel_reuses_one_client_until_its_pool_changes(connection: Connection):
     channel = connection.default_channel
     assert isinstance(channel, redis_broker.Channel)
