@@ -54,6 +54,9 @@ FAST = {
     "TASKHOOK_UNSETTLED_MAX_RETRIES": "30",
     "TASKHOOK_SWEEP_INTERVAL_SECONDS": "1",
     "TASKHOOK_QUEUED_GRACE_SECONDS": "1",
+    # The harnesses read Celery's per-task lines (a message received, a sweep's
+    # count), which are off by default.
+    "TASKHOOK_WORKER_LOG_EACH_TASK": "true",
 }
 
 
