@@ -24,6 +24,8 @@ runs between its lookup and its insert, as nothing does inside PostgreSQL's
 one statement. What it saves is the general path's ORM work and half its
 commits (each an fsync under ``synchronous=FULL``): the general path runs
 ~14 statements in 4 transactions, each statement built anew per delivery.
+On SQLite the keys of one worker message can also share the two
+transactions: two commits for the message rather than two per key.
 
 Why it exists, what it hands back to the general path and when:
 docs/architecture.md, "The fast path".
@@ -33,10 +35,10 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -357,7 +359,13 @@ class Settlement(enum.Enum):
 
 
 class FastPath:
-    """The two statements on one psycopg connection in autocommit mode."""
+    """The two statements on one psycopg connection in autocommit mode.
+
+    One key at a time, unlike :class:`SQLiteFastPath`: the server runs the
+    commits of different connections at once and groups their WAL flushes
+    itself, while a transaction shared by several keys would hold each
+    workspace's identifier row lock across the message, and could deadlock
+    against the sweeper's resend of one of its keys."""
 
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
@@ -582,7 +590,17 @@ class SQLiteFastPath:
     """The plain case on one SQLite connection: the claim and the insert in
     one transaction, the settlement and the delivery's ``done`` in another.
     Each begins with a write, so it holds SQLite's write lock from its first
-    statement to its commit: nothing runs between its reads and its writes."""
+    statement to its commit: nothing runs between its reads and its writes.
+
+    The keys of one worker message may share those two transactions
+    (:meth:`claim_and_insert_many`, :meth:`settle_and_finish_many`): SQLite
+    has one write lock for the whole file and holds it through each commit's
+    fsync, so n keys commit twice instead of 2n times. Each key runs the
+    one-key transaction's statements, in their order; the one-key methods are
+    the group methods with a group of one. A key that fails fails its group,
+    which rolls back whole, and the worker runs each key alone
+    (docs/architecture.md, "The fast path").
+    """
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -591,68 +609,81 @@ class SQLiteFastPath:
         self, delivery_pk: int, *, lease_seconds: float, max_lost: int
     ) -> Claimed | None:
         """As :meth:`FastPath.claim_and_insert`."""
-        sql = _sqlite_statements()
+        (claimed,) = self.claim_and_insert_many(
+            [delivery_pk], lease_seconds=lease_seconds, max_lost=max_lost
+        )
+        return claimed
+
+    def claim_and_insert_many(
+        self, delivery_pks: Sequence[int], *, lease_seconds: float, max_lost: int
+    ) -> list[Claimed | None]:
+        """:meth:`claim_and_insert` for each key in order, all in one
+        transaction. A key that is not the plain case keeps its lease in it.
+        Whatever one key raises (:class:`LostTheRace`, ``LeaseTakenOver``, a
+        database error) rolls back every key's claim and insert, then is raised."""
         now = utcnow()
+        lease_until = now + timedelta(seconds=lease_seconds)
         connection = self.connection
         try:
             with connection.begin():
-                claimed = connection.execute(
-                    sql.claim,
-                    {
-                        "delivery": delivery_pk,
-                        "now": now,
-                        "lease_until": now + timedelta(seconds=lease_seconds),
-                        "max_lost": max_lost,
-                    },
-                ).one_or_none()
-                if claimed is None:
-                    return None
-                lease = Lease(delivery_pk, claimed.attempts, claimed.retries)
-                # 3. the lookup, before any allocation (docs/contract.md, "The
-                #    create sequence"); no draft, no lookup.
-                facts = None
-                if claimed.external_id is not None:
-                    facts = connection.execute(
-                        sql.case_facts,
-                        {"source": claimed.source_id, "identity": claimed.external_id},
-                    ).one_or_none()
-                new = _sqlite_plain_draft(claimed, facts)
-                if new is None:
-                    return Claimed(lease)  # the lease alone commits
-                # 5. identifier, insert, and the fence in the insert's transaction.
-                identifier = connection.execute(
-                    sql.identifier, {"workspace": facts.workspace_id}
-                ).scalar_one()
-                task_id = connection.execute(
-                    sql.insert_task,
-                    {
-                        "workspace": facts.workspace_id,
-                        "new_identifier": identifier,
-                        "new_title": new.title,
-                        "new_description": new.description,
-                        "step": facts.intake_id,
-                        "identity": new.external_id,
-                        "delivery": delivery_pk,
-                        "now": now,
-                    },
-                ).scalar_one()
-                marked = connection.execute(
-                    sql.mark_created,
-                    {
-                        "task": task_id,
-                        "delivery": delivery_pk,
-                        "attempt": lease.attempt,
-                        "now": now,
-                    },
-                ).rowcount
-                if marked != 1:
-                    # Cannot happen: this transaction claimed the row. Were it
-                    # to, the insert rolls back with the lease, as the fence does.
-                    raise LeaseTakenOver(lease)
+                return [
+                    self._claim_and_insert(pk, now=now, lease_until=lease_until, max_lost=max_lost)
+                    for pk in delivery_pks
+                ]
         except IntegrityError as error:
             if violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX:
                 raise
             raise LostTheRace() from error
+
+    def _claim_and_insert(
+        self, delivery_pk: int, *, now: datetime, lease_until: datetime, max_lost: int
+    ) -> Claimed | None:
+        """One key's claim, lookup, insert and fence, inside the caller's transaction."""
+        sql = _sqlite_statements()
+        connection = self.connection
+        claimed = connection.execute(
+            sql.claim,
+            {"delivery": delivery_pk, "now": now, "lease_until": lease_until, "max_lost": max_lost},
+        ).one_or_none()
+        if claimed is None:
+            return None
+        lease = Lease(delivery_pk, claimed.attempts, claimed.retries)
+        # 3. the lookup, before any allocation (docs/contract.md, "The
+        #    create sequence"); no draft, no lookup.
+        facts = None
+        if claimed.external_id is not None:
+            facts = connection.execute(
+                sql.case_facts,
+                {"source": claimed.source_id, "identity": claimed.external_id},
+            ).one_or_none()
+        new = _sqlite_plain_draft(claimed, facts)
+        if new is None:
+            return Claimed(lease)  # the lease alone commits
+        # 5. identifier, insert, and the fence in the insert's transaction.
+        identifier = connection.execute(
+            sql.identifier, {"workspace": facts.workspace_id}
+        ).scalar_one()
+        task_id = connection.execute(
+            sql.insert_task,
+            {
+                "workspace": facts.workspace_id,
+                "new_identifier": identifier,
+                "new_title": new.title,
+                "new_description": new.description,
+                "step": facts.intake_id,
+                "identity": new.external_id,
+                "delivery": delivery_pk,
+                "now": now,
+            },
+        ).scalar_one()
+        marked = connection.execute(
+            sql.mark_created,
+            {"task": task_id, "delivery": delivery_pk, "attempt": lease.attempt, "now": now},
+        ).rowcount
+        if marked != 1:
+            # Cannot happen: this transaction claimed the row. Were it to,
+            # the insert rolls back with the lease, as the fence does.
+            raise LeaseTakenOver(lease)
         task = Task(
             id=task_id,
             workspace_id=facts.workspace_id,
@@ -665,42 +696,67 @@ class SQLiteFastPath:
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """As :meth:`FastPath.settle_and_finish`: steps 6 and 7, the event and
         the delivery's ``done``, one transaction."""
+        settled = self.settle_and_finish_many([Claimed(lease, Inserted(task, source))])
+        return Settlement.NOT_SETTLED if settled is None else settled[0]
+
+    def settle_and_finish_many(self, claims: Sequence[Claimed]) -> list[Settlement] | None:
+        """:meth:`settle_and_finish` for each plain case (``claimed.inserted``)
+        in order, all in one transaction. None when any of them would not
+        settle: a key's source link must not stay without its settlement, so
+        the whole group rolls back, and each key settles alone. A key whose
+        lease was taken over (``TAKEN_OVER``) still settled, and commits with
+        the others. A database error rolls back the group and is raised."""
+        now = utcnow()
+        try:
+            with self.connection.begin() as transaction:
+                settlements = []
+                for claimed in claims:
+                    settlement = self._settle_and_finish(claimed, now=now)
+                    if settlement is Settlement.NOT_SETTLED:
+                        transaction.rollback()
+                        return None
+                    settlements.append(settlement)
+        except IntegrityError:
+            return None  # a task was deleted: its source link has no row
+        return settlements
+
+    def _settle_and_finish(self, claimed: Claimed, *, now: datetime) -> Settlement:
+        """One key's settlement, event and record, inside the caller's
+        transaction; on NOT_SETTLED the caller rolls back its link row."""
         sql = _sqlite_statements()
         connection = self.connection
+        if claimed.inserted is None:
+            raise ValueError(f"delivery {claimed.lease.delivery_pk}: no task to settle")
+        task, source = claimed.inserted.task, claimed.inserted.source
         values = {
             "task": task.id,
             "identity": task.external_id,
-            "delivery": lease.delivery_pk,
-            "attempt": lease.attempt,
-            "now": utcnow(),
+            "delivery": claimed.lease.delivery_pk,
+            "attempt": claimed.lease.attempt,
+            "now": now,
         }
-        try:
-            with connection.begin() as transaction:
-                # 6. the source link; 7. the settlement, only on the task that
-                #    still holds the identity it was created with.
-                connection.execute(
-                    sql.link_source,
-                    {
-                        **values,
-                        "link_provider": source.provider,
-                        "link_url": source.url,
-                        "link_remote_key": source.remote_key,
-                    },
-                )
-                settled = connection.execute(sql.settle, values).one_or_none()
-                if settled is None:
-                    transaction.rollback()
-                    return Settlement.NOT_SETTLED
-                # The event commits with the settlement, in the workspace's stream.
-                position, workspace_id = connection.execute(
-                    sql.stream, {"workspace": settled.workspace_id}
-                ).one()
-                connection.execute(
-                    sql.event, {**values, "workspace": workspace_id, "event_position": position}
-                )
-                finished = connection.execute(sql.finish, values).rowcount
-        except IntegrityError:
-            return Settlement.NOT_SETTLED  # the task was deleted: its source link has no row
+        # 6. the source link; 7. the settlement, only on the task that still
+        #    holds the identity it was created with.
+        connection.execute(
+            sql.link_source,
+            {
+                **values,
+                "link_provider": source.provider,
+                "link_url": source.url,
+                "link_remote_key": source.remote_key,
+            },
+        )
+        settled = connection.execute(sql.settle, values).one_or_none()
+        if settled is None:
+            return Settlement.NOT_SETTLED
+        # The event commits with the settlement, in the workspace's stream.
+        position, workspace_id = connection.execute(
+            sql.stream, {"workspace": settled.workspace_id}
+        ).one()
+        connection.execute(
+            sql.event, {**values, "workspace": workspace_id, "event_position": position}
+        )
+        finished = connection.execute(sql.finish, values).rowcount
         return Settlement.FINISHED if finished == 1 else Settlement.TAKEN_OVER
 
 

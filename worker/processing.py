@@ -2,8 +2,9 @@
 
 Celery-free, so the integration tests drive it directly on SQLite and
 PostgreSQL. The task body in ``worker.tasks`` opens one session scope, calls
-:func:`process_delivery` and, when the answer asks for it, sends the delivery
-again after ``retry_in`` seconds.
+:func:`process_delivery` (for a message of several keys,
+:func:`process_deliveries`) and, when the answer asks for it, sends the
+delivery again after ``retry_in`` seconds.
 
 A run claims the row with a lease, parses the body with the source's
 provider, creates the task (in the plain case through ``models.fastpath``,
@@ -21,6 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 import random
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -43,7 +45,15 @@ from models.errors import (
     WorkspaceNotAccessible,
 )
 from models.external_id import normalize_external_id
-from models.fastpath import Claimed, FastPath, Inserted, LostTheRace, Settlement, fast_path
+from models.fastpath import (
+    Claimed,
+    FastPath,
+    Inserted,
+    LostTheRace,
+    Settlement,
+    SQLiteFastPath,
+    fast_path,
+)
 from models.inbox import (
     DeliveryStatus,
     Lease,
@@ -109,8 +119,10 @@ class Processed:
     reason: str | None = None
     #: Send the delivery again after this many seconds (a retry); None: do not.
     retry_in: float | None = None
-    #: Which executor ran the create: "fast" (models.fastpath) or "general";
-    #: None when this run claimed nothing.
+    #: Which executor ran the create: "fast" (models.fastpath), "batch"
+    #: (models.fastpath, its claim in a transaction shared with the other keys
+    #: of its message: :func:`process_deliveries`) or "general"; None when
+    #: this run claimed nothing.
     path: str | None = None
 
     def as_dict(self) -> dict[str, object]:
@@ -371,6 +383,23 @@ class _LookupMisses:
         return replace(self.hooks, after_lookup=after_lookup)
 
 
+@dataclass(frozen=True)
+class Begun:
+    """How far :func:`process_deliveries` took one key of its message on
+    SQLite's fast path before :func:`process_delivery` goes on with it: the
+    claim committed in the message's first transaction, and in the plain case
+    the key's ``after_insert`` hooks ran and perhaps the group settled it."""
+
+    fast: SQLiteFastPath
+    #: The committed claim; None: the delivery is finished or held by another.
+    claimed: Claimed | None
+    #: The group's settlement of the plain case; None: the key settles alone.
+    settlement: Settlement | None = None
+    #: What the key's ``after_insert`` hooks raised, raised again where a
+    #: key's run calls them, so that one function answers it.
+    hooks_failed: Exception | None = None
+
+
 def process_delivery(
     *,
     session: Session,
@@ -380,6 +409,7 @@ def process_delivery(
     hooks: CreateHooks = FAILPOINT_HOOKS,
     transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
     rng: random.Random = _random,
+    begun: Begun | None = None,
 ) -> Processed:
     """Turn the stored delivery into its task, once; see the module docstring.
 
@@ -392,16 +422,21 @@ def process_delivery(
     the budget, and the message's counts only when larger -- the retries of
     a message whose claim never reached the database (it was down) were
     counted nowhere else. ``transient`` are the errors worth retrying.
+    ``begun``: the run goes on from a claim :func:`process_deliveries`
+    committed for several keys at once, instead of claiming.
     """
     run = Run(session, delivery_pk, settings, rng, transient)
     lease: Lease | None = None  # set once the claim has committed
     resources = ExitStack()  # the fast path's connection, back to the pool at the end
     try:
-        fast = None
-        if settings.worker_fast_path and _nothing_runs_between_lookup_and_insert(hooks):
-            fast = resources.enter_context(fast_path(session.get_bind()))
         misses = _LookupMisses(hooks)
-        claimed = _claim(session, fast, delivery_pk, settings, misses)
+        fast: FastPath | SQLiteFastPath | None = None
+        if begun is not None:
+            fast, claimed = begun.fast, begun.claimed
+        else:
+            if settings.worker_fast_path and _nothing_runs_between_lookup_and_insert(hooks):
+                fast = resources.enter_context(fast_path(session.get_bind()))
+            claimed = _claim(session, fast, delivery_pk, settings, misses)
         if claimed is None:
             with transaction(session, "parking a delivery whose attempts were lost"):
                 parked = park_lost(
@@ -419,7 +454,8 @@ def process_delivery(
         lease = replace(claimed.lease, retries=max(claimed.lease.retries, retries))
         attempt = Attempt(run, lease)
         if fast is not None and claimed.inserted is not None:
-            return replace(_settle_fast(attempt, fast, claimed.inserted, hooks), path="fast")
+            settled = _settle_fast(attempt, fast, claimed.inserted, hooks, begun)
+            return replace(settled, path="fast" if begun is None else "batch")
         return replace(
             _create_on_the_general_path(attempt, _read_claimed(session, lease), misses),
             path="general",
@@ -444,6 +480,111 @@ def process_delivery(
         resources.close()
 
 
+def process_deliveries(
+    *,
+    session: Session,
+    delivery_pks: Sequence[int],
+    settings: Settings,
+    hooks: CreateHooks = FAILPOINT_HOOKS,
+    transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
+    rng: random.Random = _random,
+) -> list[Processed | Exception]:
+    """:func:`process_delivery` for each key of one worker message, in order,
+    each in its place in the answer; a key whose run raised (only before its
+    claim committed) has the exception there, and holds up no other key.
+
+    On SQLite's fast path the message's keys share its two transactions
+    (``SQLiteFastPath.claim_and_insert_many``, then
+    ``settle_and_finish_many``), two commits for the message rather than two
+    per key; between them each plain key's ``after_insert`` hooks run, in key
+    order, as they run after a key's own insert. Then each key goes on alone
+    from where the group left it (:class:`Begun`): a key the group settled
+    is done, one the group could not settle settles alone, one that is not
+    the plain case takes the general path. When the first transaction fails,
+    nothing of it committed, and each key runs alone from its claim.
+    PostgreSQL runs one key at a time (``models.fastpath.FastPath`` says why).
+    """
+
+    def each(pk: int, begun: Begun | None = None) -> Processed | Exception:
+        # Nothing a key's run loaded is carried into the next one's, as if
+        # each had a session of its own.
+        session.expunge_all()
+        try:
+            return process_delivery(
+                session=session,
+                delivery_pk=pk,
+                settings=settings,
+                hooks=hooks,
+                transient=transient,
+                rng=rng,
+                begun=begun,
+            )
+        except Exception as error:
+            return error
+
+    if (
+        len(delivery_pks) > 1
+        and settings.worker_fast_path
+        and _nothing_runs_between_lookup_and_insert(hooks)
+    ):
+        with fast_path(session.get_bind()) as fast:
+            if isinstance(fast, SQLiteFastPath):
+                together = _begin_together(fast, delivery_pks, settings, hooks)
+                if together is not None:
+                    return [
+                        each(pk, begun) for pk, begun in zip(delivery_pks, together, strict=True)
+                    ]
+    return [each(pk) for pk in delivery_pks]
+
+
+def _begin_together(
+    fast: SQLiteFastPath, delivery_pks: Sequence[int], settings: Settings, hooks: CreateHooks
+) -> list[Begun] | None:
+    """The keys' claims and inserts in one transaction, each plain key's
+    ``after_insert`` hooks, then the plain keys' settlements in another;
+    None when the first transaction failed (it rolled back whole)."""
+    try:
+        claims = fast.claim_and_insert_many(
+            delivery_pks, lease_seconds=settings.lease_seconds, max_lost=settings.max_lost_attempts
+        )
+    except Exception as error:  # a lost race, a database error: each key claims alone
+        log.info("deliveries %s: claimed one at a time: %s", list(delivery_pks), _describe(error))
+        return None
+    # The fail points and hooks each key runs after its insert committed and
+    # before it settles (the create's insert commits before its settlement:
+    # docs/contract.md, "The create sequence").
+    hooks_failed: list[Exception | None] = []
+    for claimed in claims:
+        failed = None
+        if claimed is not None and claimed.inserted is not None:
+            try:
+                hooks.after_insert(claimed.inserted.task)
+            except Exception as error:  # answered in the key's own run
+                failed = error
+        hooks_failed.append(failed)
+    plain = [
+        index
+        for index, claimed in enumerate(claims)
+        if claimed is not None and claimed.inserted is not None and hooks_failed[index] is None
+    ]
+    settlements: list[Settlement | None] = [None] * len(claims)
+    if plain:
+        try:
+            settled = fast.settle_and_finish_many([claims[index] for index in plain])
+        except Exception as error:  # each key settles alone, and answers its own error
+            log.info(
+                "deliveries %s: settled one at a time: %s", list(delivery_pks), _describe(error)
+            )
+            settled = None
+        if settled is not None:
+            for index, settlement in zip(plain, settled, strict=True):
+                settlements[index] = settlement
+    return [
+        Begun(fast, claimed, settlement=settlement, hooks_failed=failed)
+        for claimed, settlement, failed in zip(claims, settlements, hooks_failed, strict=True)
+    ]
+
+
 def _nothing_runs_between_lookup_and_insert(hooks: CreateHooks) -> bool:
     """The fast path looks up and inserts in one statement, so a create with
     something to run between the two -- a test's hook, the ``after_lookup``
@@ -455,7 +596,7 @@ def _nothing_runs_between_lookup_and_insert(hooks: CreateHooks) -> bool:
 
 def _claim(
     session: Session,
-    fast: FastPath | None,
+    fast: FastPath | SQLiteFastPath | None,
     delivery_pk: int,
     settings: Settings,
     misses: _LookupMisses,
@@ -606,13 +747,26 @@ def _create_on_the_general_path(
 
 
 def _settle_fast(
-    attempt: Attempt, fast: FastPath, inserted: Inserted, hooks: CreateHooks
+    attempt: Attempt,
+    fast: FastPath | SQLiteFastPath,
+    inserted: Inserted,
+    hooks: CreateHooks,
+    begun: Begun | None,
 ) -> Processed:
     """The plain create's second statement, after the fast path inserted the
-    task: settle it and record the delivery done (steps 6 and 7)."""
+    task: settle it and record the delivery done (steps 6 and 7). A key of a
+    batch (``begun``) ran its hooks between the batch's two transactions, and
+    settles here only when the group did not."""
     task, source = inserted.task, inserted.source
-    hooks.after_insert(task)
-    settlement = fast.settle_and_finish(task=task, source=source, lease=attempt.lease)
+    settlement = None
+    if begun is None:
+        hooks.after_insert(task)
+    elif begun.hooks_failed is not None:
+        raise begun.hooks_failed
+    else:
+        settlement = begun.settlement  # None: the group did not settle it
+    if settlement is None:
+        settlement = fast.settle_and_finish(task=task, source=source, lease=attempt.lease)
     if settlement is Settlement.TAKEN_OVER:
         return attempt.taken_over()
     if settlement is Settlement.FINISHED:

@@ -55,22 +55,27 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
     """PROCESS_DELIVERIES(delivery_pks): PROCESS_DELIVERY for each key, in order.
 
     The relay's batches: the message is acknowledged once every key was
-    processed. A delivery that must wait is sent again on its own, as
-    PROCESS_DELIVERY's first retry. An unexpected error on one key does not
-    hold up the others; the first is raised once all were tried (its row was
-    not claimed, so the sweeper sends it again). Should the worker die
+    processed. On SQLite the keys share the fast path's two commits
+    (``worker.processing.process_deliveries``); each key's steps and fences
+    are its own run's. A delivery that must wait is sent again on its own,
+    as PROCESS_DELIVERY's first retry. An unexpected error on one key does
+    not hold up the others; the first is raised once all were tried (its row
+    was not claimed, so the sweeper sends it again). Should the worker die
     mid-batch, the message comes back whole: the keys already finished cost
-    a claim that finds them done.
+    a claim that finds them done, and a key inserted but not settled is
+    finished by its next attempt.
     """
+    pks = [int(key) for key in delivery_pks]
+    with session_scope(runtime.sessions()) as session:
+        answers = processing.process_deliveries(
+            session=session, delivery_pks=pks, settings=runtime.settings(), transient=_TRANSIENT
+        )
     recorded: Counter[str] = Counter()  # what the log line shows: the rows say the rest
     failure: Exception | None = None
-    for key in delivery_pks:
-        pk = int(key)
-        try:
-            processed = _process(pk, retries=0)
-        except Exception as error:
-            log.exception("delivery %s failed before its claim", pk)
-            failure = failure or error
+    for pk, processed in zip(pks, answers, strict=True):
+        if isinstance(processed, Exception):
+            log.error("delivery %s failed before its claim", pk, exc_info=processed)
+            failure = failure or processed
             continue
         if processed.retry_in is not None:
             self.app.send_task(PROCESS_DELIVERY, args=[pk], countdown=processed.retry_in, retries=1)

@@ -11,8 +11,7 @@ from celery import Celery
 # Importing the task modules registers their shared tasks with every app.
 import worker.catchup.tasks
 import worker.operator
-import worker.processing
-import worker.tasks
+import worker.tasks  # noqa: F401
 from bench.fakes.github_api import FakeGitHub
 from bench.fakes.jira_api import FakeJira
 from models.catchup import set_jira_access, set_log_access
@@ -147,28 +146,6 @@ def test_a_delivery_of_a_batch_that_must_wait_is_sent_again_on_its_own(eager: Ce
     assert (message.headers["task"], message.payload[0]) == (PROCESS_DELIVERY, [waiting])
     assert message.headers["retries"] == 1 and message.headers["eta"] is not None
     assert delivery(store.sessions, waiting).status == "processing"  # its lease held till then
-
-
-def test_an_error_on_one_key_of_a_batch_does_not_hold_up_the_others(
-    eager: Celery, store: Store, monkeypatch: pytest.MonkeyPatch
-):
-    feed = make_feed(store.sessions)
-    broken = store_fixture(store.sessions, feed, "github", "issues__opened")
-    fine = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
-    process_delivery = worker.processing.process_delivery
-
-    def failing_for_one(**kwargs):
-        if kwargs["delivery_pk"] == broken:
-            raise RuntimeError("the pool is gone")
-        return process_delivery(**kwargs)
-
-    monkeypatch.setattr(worker.processing, "process_delivery", failing_for_one)
-
-    with pytest.raises(RuntimeError, match="the pool is gone"):
-        eager.tasks[PROCESS_DELIVERIES].apply(args=[[broken, fine]]).get()
-
-    assert delivery(store.sessions, fine).outcome == "created"
-    assert delivery(store.sessions, broken).status == "queued"  # the sweeper's to send again
 
 
 @pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")

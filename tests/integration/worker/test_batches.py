@@ -1,0 +1,386 @@
+"""A worker message's keys share SQLite's two fast-path commits.
+
+``worker.processing.process_deliveries`` runs the keys of one message; on
+SQLite's fast path their claims and inserts commit in one transaction and
+their settlements in another (docs/architecture.md, "The fast path"). Each
+test runs on every store: on SQLite with the fast path on the keys share
+the commits (``Processed.path == "batch"``); everywhere else each key runs
+alone, and the answers are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+from sqlalchemy import event, false, update
+
+import worker.tasks
+from models import fastpath
+from models.access import Caller
+from models.db import session_scope
+from models.inbox import DeliveryStatus, claim
+from models.tables import Delivery, Task
+from models.tasks import CreateHooks, NewTask, SourceLink, create_task, delete_task
+from tests.conftest import TRUSTED, Store
+from tests.integration.worker.feeds import (
+    Feed,
+    delivery,
+    make_feed,
+    store_fixture,
+    store_github_issue,
+    tasks_of,
+)
+from tests.integration.worker.runs import SETTINGS, Crash, expire_lease, run
+from worker import failpoints, processing, runtime
+from worker.failpoints import AFTER_INSERT, AFTER_SETTLE, BEFORE_ACK, BEFORE_SETTLE
+from worker.processing import Processed, process_deliveries
+
+#: Lost attempts before a delivery is parked (``park_lost``), low enough to reach.
+MAX_LOST = 2
+BATCH_SETTINGS = SETTINGS.model_copy(update={"max_lost_attempts": MAX_LOST})
+
+
+def run_message(store: Store, pks: list[int], **options) -> list[Processed | Exception]:
+    """One worker message of ``pks``, as ``worker.tasks.process_deliveries`` runs it."""
+    settings = store.worker_settings(options.pop("settings", BATCH_SETTINGS))
+    with session_scope(store.sessions) as session:
+        return process_deliveries(session=session, delivery_pks=pks, settings=settings, **options)
+
+
+def batches(store: Store) -> bool:
+    """The keys of a message share their commits on this store."""
+    return store.dialect == "sqlite" and store.takes_fast_path
+
+
+def answer(processed: Processed | Exception) -> tuple:
+    """What a key's run answered, whichever way the fast path ran it."""
+    assert isinstance(processed, Processed), processed
+    path = "fast" if processed.path == "batch" else processed.path
+    return (processed.status, processed.outcome, processed.reason, processed.retry_in, path)
+
+
+@pytest.fixture
+def commits(store: Store) -> Iterator[list[object]]:
+    """Every commit on the store's engine from here on: the worker's fast path
+    and its session alike."""
+    counted: list[object] = []
+
+    def count(connection) -> None:
+        counted.append(connection)
+
+    event.listen(store.engine, "commit", count)
+    try:
+        yield counted
+    finally:
+        event.remove(store.engine, "commit", count)
+
+
+def assert_created_and_settled(store: Store, feed: Feed, pks: list[int]) -> None:
+    """Exactly one settled task per key, each the key's, and every row done."""
+    tasks = tasks_of(store.sessions, feed.workspace_id)
+    assert sorted(t.created_by_delivery for t in tasks) == sorted(pks)
+    assert len({t.external_id for t in tasks}) == len(tasks)
+    assert all(t.external_id_settled_at is not None for t in tasks)
+    for task in tasks:
+        row = delivery(store.sessions, task.created_by_delivery)
+        assert (row.status, row.outcome, row.task_id) == ("done", "created", task.id)
+
+
+def held_by_hand(store: Store, feed, number: int, *, title: str) -> Task:
+    """A task made through the task store, not a delivery, holding the
+    identity of ``store_github_issue(..., number)``'s issue."""
+    with session_scope(store.sessions) as session:
+        return create_task(
+            session=session,
+            caller=Caller.trusted(title),
+            workspace_id=feed.workspace_id,
+            new=NewTask(
+                title=title,
+                external_id=f"gh-issue/Codertocat/Hello-World#{number}",
+                source=SourceLink(
+                    provider="github", url=f"https://example.com/{number}", remote_key=str(number)
+                ),
+            ),
+        ).task
+
+
+def test_a_message_of_plain_keys_commits_twice_on_sqlite(store: Store, commits: list[object]):
+    feed = make_feed(store.sessions)
+    pks = [store_github_issue(store.sessions, feed, number) for number in range(1, 5)]
+    commits.clear()
+
+    processed = run_message(store, pks)
+
+    assert [answer(p)[:2] for p in processed] == [(DeliveryStatus.DONE, "created")] * 4
+    assert_created_and_settled(store, feed, pks)
+    assert [t.identifier for t in tasks_of(store.sessions, feed.workspace_id)] == [
+        f"ACME-{n}" for n in range(1, 5)
+    ]
+    if batches(store):
+        assert [p.path for p in processed] == ["batch"] * 4
+        assert len(commits) == 2  # the claims and inserts, then the settlements
+    else:
+        assert "batch" not in {p.path for p in processed}
+
+
+def test_a_message_of_one_key_runs_it_alone(store: Store):
+    feed = make_feed(store.sessions)
+    pk = store_github_issue(store.sessions, feed, 1)
+
+    (processed,) = run_message(store, [pk])
+
+    assert processed.path == ("fast" if store.takes_fast_path else "general")
+
+
+def mixed_message(store: Store, slug: str) -> tuple[Feed, list[int]]:
+    """A message of every kind of key, in a workspace of its own: plain ones
+    and, between them, keys the general path decides or nobody runs."""
+    feed = make_feed(store.sessions, slug, slug.upper())
+    plain = store_github_issue(store.sessions, feed, 1)
+    no_draft = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud", read=False)
+    held_by_hand(store, feed, 3, title="made by hand")  # its identity held by a REST create
+    found = store_github_issue(store.sessions, feed, 3)
+    finished = store_github_issue(store.sessions, feed, 4)
+    run(store, finished, settings=BATCH_SETTINGS)
+    leased = store_github_issue(store.sessions, feed, 5)
+    with session_scope(store.sessions) as session:  # another worker's live lease
+        claim(session=session, delivery_pk=leased, lease_seconds=60)
+    same_issue = store_github_issue(store.sessions, feed, 1)  # the plain key's, again
+    lost = store_github_issue(store.sessions, feed, 7)
+    for _ in range(MAX_LOST):  # each attempt's worker died
+        with session_scope(store.sessions) as session:
+            claim(session=session, delivery_pk=lost, lease_seconds=60)
+        expire_lease(store, lost)
+    jira = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud_many_fields")
+    return feed, [plain, no_draft, found, finished, leased, same_issue, lost, jira]
+
+
+def test_a_mixed_message_answers_each_key_as_it_would_be_answered_alone(store: Store):
+    batched_feed, batched = mixed_message(store, "acme")
+    alone_feed, alone = mixed_message(store, "beta")
+
+    in_a_message = run_message(store, batched)
+    one_by_one = [run(store, pk, settings=BATCH_SETTINGS) for pk in alone]
+
+    assert [answer(p) for p in in_a_message] == [answer(p) for p in one_by_one]
+    outcomes = [(p.status and p.status.value, p.outcome) for p in in_a_message]
+    assert outcomes == [
+        ("done", "created"),
+        ("done", "created"),
+        ("done", "found_settled"),
+        (None, None),  # finished before
+        (None, None),  # another worker holds it
+        ("done", "found_settled"),  # the first key's task
+        ("needs_operator", None),  # its attempts were lost
+        ("done", "created"),
+    ]
+    if batches(store):
+        assert [p.path for p in in_a_message] == [
+            "batch",
+            "general",
+            "general",
+            None,
+            None,
+            "general",
+            None,
+            "batch",
+        ]
+
+    def held(feed: Feed) -> set[tuple[str, bool]]:
+        return {
+            (t.external_id, t.external_id_settled_at is not None)
+            for t in tasks_of(store.sessions, feed.workspace_id)
+        }
+
+    assert held(batched_feed) == held(alone_feed)
+    assert all(settled for _, settled in held(batched_feed))
+
+
+@pytest.fixture
+def blind_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's fast lookup misses every holder, as a lookup that lost a race
+    to a rival's insert would: only the unique index finds it."""
+    statements = fastpath._sqlite_statements()
+    facts = statements.case_facts
+    blind = facts.with_only_columns(
+        *(false().label("held") if c.name == "held" else c for c in facts.selected_columns)
+    )
+    monkeypatch.setattr(
+        fastpath, "_sqlite_statements", lambda: replace(statements, case_facts=blind)
+    )
+
+
+def test_a_key_that_loses_the_race_in_the_claims_sends_each_key_alone(
+    store: Store, blind_lookup: None
+):
+    feed = make_feed(store.sessions)
+    rival = held_by_hand(store, feed, 2, title="rival")
+    first, losing, last = (store_github_issue(store.sessions, feed, n) for n in (1, 2, 3))
+
+    processed = run_message(store, [first, losing, last])
+
+    assert [(p.status, p.outcome) for p in processed] == [
+        (DeliveryStatus.DONE, "created"),
+        (DeliveryStatus.DONE, "found_settled"),
+        (DeliveryStatus.DONE, "created"),
+    ]
+    assert processed[1].task_id == rival.id
+    tasks = tasks_of(store.sessions, feed.workspace_id)
+    assert len(tasks) == 3 and len({t.external_id for t in tasks}) == 3
+    # The rolled-back group spent no identifier: the rival's and the two creates'.
+    assert [t.identifier for t in tasks] == ["ACME-1", "ACME-2", "ACME-3"]
+    assert "batch" not in {p.path for p in processed}  # each key claimed alone
+    assert delivery(store.sessions, first).attempts == 1  # the group's claim left no attempt
+
+
+def release(store: Store, task: Task) -> None:
+    with session_scope(store.sessions) as session:
+        session.execute(
+            update(Task)
+            .where(Task.id == task.id)
+            .values(external_id=None, external_id_settled_at=None)
+        )
+
+
+def delete(store: Store, task: Task) -> None:
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=TRUSTED, task_id=task.id)
+
+
+def take_over(store: Store, task: Task) -> None:
+    with session_scope(store.sessions) as session:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.id == task.created_by_delivery)
+            .values(attempts=Delivery.attempts + 1)
+        )
+
+
+@pytest.mark.parametrize("meanwhile", [release, delete, take_over], ids=lambda f: f.__name__)
+def test_a_key_changed_between_the_insert_and_the_settlement_answers_as_alone(
+    store: Store, meanwhile: Callable[[Store, Task], None]
+):
+    """The middle key's task is released, deleted or its delivery taken over
+    after the inserts committed: that key answers as it would alone, and its
+    neighbours are created and settled."""
+    feed = make_feed(store.sessions)
+    pks = [store_github_issue(store.sessions, feed, n) for n in (1, 2, 3)]
+    alone_feed = make_feed(store.sessions, "beta", "BETA")
+    alone_pk = store_github_issue(store.sessions, alone_feed, 2)
+
+    def for_the_middle_key(task: Task) -> None:
+        if task.created_by_delivery in (pks[1], alone_pk):
+            meanwhile(store, task)
+
+    hooks = CreateHooks(after_insert=for_the_middle_key)
+    first, middle, last = run_message(store, pks, hooks=hooks)
+    alone = run(store, alone_pk, settings=BATCH_SETTINGS, hooks=hooks)
+
+    # The same answer, but for the task's identifier (ACME-2 here, BETA-1 there).
+    assert answer(middle)[:2] == answer(alone)[:2]
+    assert (middle.reason or "").replace("ACME-2", "BETA-1") == (alone.reason or "")
+    assert [answer(p)[:2] for p in (first, last)] == [(DeliveryStatus.DONE, "created")] * 2
+
+    def settled_by(pk: int) -> bool | None:
+        """Whether the key's task holds its identity settled; None: no task."""
+        tasks = tasks_of(store.sessions, feed.workspace_id) + tasks_of(
+            store.sessions, alone_feed.workspace_id
+        )
+        mine = [t for t in tasks if t.created_by_delivery == pk]
+        return bool(mine[0].external_id and mine[0].external_id_settled_at) if mine else None
+
+    assert [settled_by(pk) for pk in pks] == [True, settled_by(alone_pk), True]
+    assert delivery(store.sessions, pks[1]).status == delivery(store.sessions, alone_pk).status
+    if batches(store):
+        assert [p.path for p in (first, middle, last)] == ["batch"] * 3
+
+
+@pytest.fixture
+def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, int], None]:
+    """Arm fail point ``name`` to kill the worker (a :class:`Crash`) when it
+    is reached for ``delivery``."""
+
+    def arm(name: str, target: int) -> None:
+        def crash(delivery_pk: int | None) -> None:
+            if delivery_pk == target:
+                raise Crash(f"{name} of delivery {delivery_pk}")
+
+        monkeypatch.setattr(failpoints, "_ACTIONS", {name: crash})
+
+    return arm
+
+
+@pytest.fixture
+def worker_runtime(store: Store) -> Iterator[None]:
+    """The Celery task bodies' runtime, on the store."""
+    runtime.use(sessions=store.sessions, settings=store.worker_settings(BATCH_SETTINGS))
+    try:
+        yield
+    finally:
+        runtime.reset()
+
+
+@pytest.mark.parametrize("resent", ["message", "each-key"])
+@pytest.mark.parametrize("point", [AFTER_INSERT, BEFORE_SETTLE, AFTER_SETTLE, BEFORE_ACK])
+def test_a_crash_at_any_point_of_a_message_is_finished_by_its_next_attempts(
+    store: Store,
+    worker_runtime: None,
+    crash_at: Callable[[str, int], None],
+    monkeypatch: pytest.MonkeyPatch,
+    point: str,
+    resent: str,
+):
+    feed = make_feed(store.sessions)
+    pks = [store_github_issue(store.sessions, feed, n) for n in (1, 2, 3)]
+    crash_at(point, pks[1])
+
+    with pytest.raises(Crash):
+        worker.tasks.process_deliveries(pks)
+
+    tasks = tasks_of(store.sessions, feed.workspace_id)
+    if batches(store) and point in (AFTER_INSERT, BEFORE_SETTLE):
+        # Every key's insert committed with the group's; none settled.
+        assert [t.created_by_delivery for t in tasks] == pks
+        assert all(t.external_id_settled_at is None for t in tasks)
+        assert {delivery(store.sessions, pk).status for pk in pks} == {"processing"}
+    monkeypatch.setattr(failpoints, "_ACTIONS", {})
+    for pk in pks:  # the dead worker's leases run out
+        expire_lease(store, pk)
+    if resent == "message":  # the broker gives the message back whole
+        worker.tasks.process_deliveries(pks)
+    else:  # the sweeper sends each unfinished key on its own
+        for pk in pks:
+            worker.tasks.process_delivery(pk)
+
+    assert_created_and_settled(store, feed, pks)
+
+
+def test_an_error_in_one_keys_claim_holds_up_no_other_key(
+    store: Store, worker_runtime: None, monkeypatch: pytest.MonkeyPatch
+):
+    """The batch's version of a key that fails before its claim: the group's
+    claims roll back, each key claims alone, and only the failing one is left
+    queued for the sweeper."""
+    feed = make_feed(store.sessions)
+    broken, fine = (store_github_issue(store.sessions, feed, n) for n in (1, 2))
+    claim_one, claim_sqlite = processing._claim, fastpath.SQLiteFastPath._claim_and_insert
+
+    def failing_for_one(claim_it):
+        def claim(*args, **kwargs):
+            if broken in args or kwargs.get("delivery_pk") == broken:
+                raise RuntimeError("the pool is gone")
+            return claim_it(*args, **kwargs)
+
+        return claim
+
+    monkeypatch.setattr(processing, "_claim", failing_for_one(claim_one))
+    monkeypatch.setattr(fastpath.SQLiteFastPath, "_claim_and_insert", failing_for_one(claim_sqlite))
+
+    with pytest.raises(RuntimeError, match="the pool is gone"):
+        worker.tasks.process_deliveries([broken, fine])
+
+    assert delivery(store.sessions, fine).outcome == "created"
+    assert delivery(store.sessions, broken).status == "queued"
+    assert [t.created_by_delivery for t in tasks_of(store.sessions, feed.workspace_id)] == [fine]
