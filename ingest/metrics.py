@@ -88,6 +88,14 @@ class IngressMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=self.registry,
         )
+        self.deliveries_per_commit = Histogram(
+            "taskhook_ingress_deliveries_per_commit",
+            "Webhook deliveries stored by each commit of the ingress on SQLite, which "
+            "stores those that arrive while a commit runs together in the next "
+            "(ingest.group_commit); none on PostgreSQL.",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
+        )
         self.relay_published = Counter(
             "taskhook_relay_published",
             "Delivery keys handed to the broker by the relay.",

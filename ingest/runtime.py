@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -18,6 +18,7 @@ from psycopg.types.json import Json
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
+from ingest.group_commit import GroupCommitInbox
 from ingest.limits import StreamSlots
 from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
@@ -84,16 +85,20 @@ class IngressRuntime:
         if len(self._recent) > _RECENT_DELIVERIES:
             self._recent.popitem(last=False)
 
-    #: PostgreSQL: the inbox writer on the event loop (see AsyncInbox), opened
-    #: and closed by the webhook router's lifespan; None elsewhere.
-    inbox: AsyncInbox | None = field(default=None, repr=False)
+    #: The webhook path's inbox writer, opened and closed by the app's
+    #: lifespan (:func:`inbox_opened`): on PostgreSQL on the event loop (see
+    #: AsyncInbox), on SQLite a group of deliveries per commit
+    #: (``ingest.group_commit``); None outside the lifespan.
+    inbox: AsyncInbox | GroupCommitInbox | None = field(default=None, repr=False)
     #: PostgreSQL: the listener that wakes the event streams
     #: (``ingest.notifications``), for the app's lifespan; None elsewhere.
     listener: EventListener | None = field(default=None, repr=False)
 
     async def record_delivery(self, incoming: IncomingDelivery) -> Recorded:
-        """Store the delivery once: on the event loop where the database allows
-        it, else in a store thread through ``models.inbox.record_delivery``."""
+        """Store the delivery once, through the lifespan's inbox writer (on
+        SQLite with the deliveries that arrive alongside, in one commit), else
+        in a store thread through ``models.inbox.record_delivery``. Returns
+        after the commit that stored it."""
         if self.inbox is not None:
             return await self.inbox.record(incoming)
         return await self.in_store_thread(self.record, incoming)
@@ -143,7 +148,8 @@ class IngressRuntime:
     def record(self, incoming: IncomingDelivery) -> Recorded:
         """Store the delivery once (``models.inbox.record_delivery``) in a
         transaction of its own; blocking. On PostgreSQL the webhook path writes
-        through :class:`AsyncInbox` instead.
+        through :class:`AsyncInbox` instead; on SQLite it comes here for a
+        delivery that arrived alone, or whose group failed (``ingest.group_commit``).
 
         On a bare connection, not an ORM session: the statements are Core, and
         the session's bookkeeping around them (its transaction states, its
@@ -152,6 +158,16 @@ class IngressRuntime:
         commit at the end, the same rollback on an error."""
         with self.store_errors(), self.sessions.kw["bind"].begin() as connection:
             return record_delivery(session=connection, incoming=incoming)
+
+    def record_together(self, group: Sequence[IncomingDelivery]) -> list[Recorded]:
+        """Store each delivery of ``group`` once, in order, all in one
+        transaction; blocking. One commit stores them all, and a failure
+        anywhere, the commit's too, rolls back every one of them: the caller
+        then writes each alone with :meth:`record` (``ingest.group_commit``).
+        A delivery id twice in ``group``: the second finds the first's row, a
+        duplicate, as in two transactions one after the other."""
+        with self.sessions.kw["bind"].begin() as connection:
+            return [record_delivery(session=connection, incoming=incoming) for incoming in group]
 
     def _load_source(self, provider: str, slug: str) -> VerifyingSource | None:
         with self.store_errors(), session_scope(self.sessions) as session:
@@ -258,13 +274,17 @@ def postgres_conninfo(runtime: IngressRuntime) -> str | None:
 
 @contextlib.asynccontextmanager
 async def inbox_opened(runtime: IngressRuntime) -> AsyncIterator[None]:
-    """On PostgreSQL, the event-loop inbox writer for the app's lifespan (its
-    connections are closed at shutdown); elsewhere, nothing."""
+    """The webhook path's inbox writer for the app's lifespan. On PostgreSQL
+    the event loop's (its connections are closed at shutdown); on SQLite the
+    group writer, whose last groups are written and answered at shutdown,
+    before the lifespan disposes of the engine."""
     conninfo = postgres_conninfo(runtime)
     if conninfo is None:
-        yield
-        return
-    runtime.inbox = AsyncInbox(conninfo)
+        runtime.inbox = GroupCommitInbox(
+            runtime, on_commit=runtime.metrics.deliveries_per_commit.observe
+        )
+    else:
+        runtime.inbox = AsyncInbox(conninfo)
     try:
         yield
     finally:
