@@ -25,7 +25,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from bench import pgcreate, report
-from models.settings import Settings
+from models.settings import DEFAULT_WORKER_CONCURRENCY
 
 #: Goals of issue 20, section 2.
 DRAIN_GOAL = 0.7
@@ -41,7 +41,7 @@ def messages(bench: Any) -> dict[str, Any]:
     sizes = bench.sizes
     # The rig drains e2e_deliveries; this benchmark's own count stands in.
     bench.sizes = replace(sizes, e2e_deliveries=sizes.messages_deliveries)
-    threads = Settings.model_fields["worker_concurrency"].default
+    threads = DEFAULT_WORKER_CONCURRENCY  # its workers run on PostgreSQL
     clients = threads * max(sizes.messages_workers)
     drains: dict[int, list[dict[str, Any]]] = {workers: [] for workers in sizes.messages_workers}
     baselines: list[dict[str, Any]] = []

@@ -38,7 +38,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from bench.baselines import SIGNATURE_HEADERS
-from models.settings import Settings
+from models.settings import DEFAULT_WORKER_CONCURRENCY, Settings
 
 CREATE_TASK = "bench.stock.create_task"
 
@@ -71,7 +71,7 @@ def _worker_shape() -> dict[str, object]:
     fields = Settings.model_fields
     return {
         "worker_pool": fields["worker_pool"].default,
-        "worker_concurrency": fields["worker_concurrency"].default,
+        "worker_concurrency": DEFAULT_WORKER_CONCURRENCY,  # on PostgreSQL
     }
 
 

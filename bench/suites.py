@@ -43,7 +43,7 @@ from bench.prune import prune
 from bench.streams import streams
 from bench.workspaces import workspaces
 from models.messages import DELIVERIES_QUEUE
-from models.settings import Settings
+from models.settings import DEFAULT_WORKER_CONCURRENCY, Settings
 from worker.celery_app import celery_config
 
 
@@ -649,7 +649,7 @@ def _worker_shape(keys_per_message: int) -> dict[str, Any]:
     fields = Settings.model_fields
     return {
         "pool": fields["worker_pool"].default,
-        "concurrency": fields["worker_concurrency"].default,
+        "concurrency": DEFAULT_WORKER_CONCURRENCY,  # on PostgreSQL
         "relay_keys_per_message": keys_per_message,
     }
 

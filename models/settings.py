@@ -24,6 +24,12 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
 
+#: Deliveries one worker process runs at once, unless set: on PostgreSQL its
+#: threads overlap their waits on the server; on SQLite's one write lock two
+#: let one thread's Python run while the other writes, and more only queue.
+DEFAULT_WORKER_CONCURRENCY = 4
+SQLITE_WORKER_CONCURRENCY = 2
+
 #: A retention setting beyond a century is a typo, not a policy.
 MAX_RETENTION_DAYS = 36_500
 #: TASKHOOK_INBOX_RETENTION_DAYS's least value but 0: longer than any provider
@@ -51,12 +57,13 @@ class Settings(BaseSettings):
         "per commit (docs/performance.md, §6).",
     )
     sqlite_writer_lock: bool = Field(
-        default=False,
+        default=True,
         description="Queue SQLite writers on a lock beside the database file, handed over "
-        "at once, instead of in SQLite's busy handler, which sleeps up to 100 ms between "
-        "tries (models/sqlite_writer.py): the ingress's p99 falls, its p50 rises, and the "
-        "end-to-end rate fell to 0.8x (docs/performance.md, §6). false: SQLite's busy "
-        "handler alone.",
+        "within half a millisecond (models/sqlite_writer.py), rather than in SQLite's busy "
+        "handler, which sleeps 1, 2, 5, 10 ... up to 100 ms between tries, blind to the lock "
+        "coming free: with the ingress's and the worker's commits shared (docs/performance.md, "
+        "§6) the lock is free most of the time, and those sleeps were most of a write's wait. "
+        "false: SQLite's busy handler alone.",
     )
     broker_url: str = Field(
         default="filesystem://",
@@ -203,8 +210,13 @@ class Settings(BaseSettings):
         description="Celery's execution pool for the deliveries worker. A delivery mostly "
         "waits on the database, so threads let one process overlap several.",
     )
-    worker_concurrency: int = Field(
-        default=4, gt=0, description="Deliveries one worker process runs at once."
+    worker_concurrency: int | None = Field(
+        default=None,
+        gt=0,
+        description="Deliveries one worker process runs at once. Unset: "
+        f"{DEFAULT_WORKER_CONCURRENCY}, or {SQLITE_WORKER_CONCURRENCY} on SQLite, whose one "
+        "write lock takes one writer at a time: more threads there only queue on it "
+        "(docs/performance.md, §6).",
     )
     worker_fast_path: bool = Field(
         default=True,
@@ -333,6 +345,15 @@ class Settings(BaseSettings):
         "19 times the batch's own time when that is longer, so a prune works at most a "
         "twentieth of the time and the ingress and the workers keep the database.",
     )
+
+    @model_validator(mode="after")
+    def _worker_concurrency_defaults_to_the_store(self) -> Settings:
+        if self.worker_concurrency is None:
+            on_sqlite = self.database_url.startswith("sqlite")
+            self.worker_concurrency = (
+                SQLITE_WORKER_CONCURRENCY if on_sqlite else DEFAULT_WORKER_CONCURRENCY
+            )
+        return self
 
     @model_validator(mode="after")
     def _public_url_defaults_to_the_ingress(self) -> Settings:

@@ -93,7 +93,7 @@ def test_memory(tmp_path: Path) -> None:
 
 def test_embedded_default(tmp_path: Path) -> None:
     result = run("sqlite", tmp_path)
-    assert set(result["runs"]) == {"default", "lock", "normal"}
+    assert set(result["runs"]) == {"default", "busy_handler", "normal"}
     for side, runs in result["runs"].items():
         (one,) = runs
         assert one["exact"], side
@@ -101,7 +101,7 @@ def test_embedded_default(tmp_path: Path) -> None:
         assert one["end_to_end_per_s"] > 0 and one["posted_per_s"] > 0, side
         assert one["cpu_ms_per_delivery"]["worker"] > 0, side
         assert one["worker_messages"] >= 1, side
-    assert result["goals"]["lock_vs_default_median"] > 0
+    assert result["goals"]["busy_handler_vs_default_median"] > 0
     assert result["goals"]["normal_vs_default_median"] > 0
 
 

@@ -62,11 +62,26 @@ def test_every_connection_gets_the_settings(tmp_path: Path, level: str, value: i
         engine.dispose()
 
 
-def test_the_default_is_full_without_the_writer_lock():
+def test_the_default_is_full_with_the_writer_lock():
     # The declared defaults, whatever this shell's environment says.
     fields = Settings.model_fields
     assert fields["sqlite_synchronous"].default == "FULL"
-    assert fields["sqlite_writer_lock"].default is False
+    assert fields["sqlite_writer_lock"].default is True
+
+
+@pytest.mark.parametrize(
+    ("database_url", "concurrency", "threads"),
+    [
+        ("sqlite:///./var/taskhook.db", None, 2),
+        ("postgresql+psycopg://postgres@127.0.0.1/taskhook", None, 4),
+        ("sqlite:///./var/taskhook.db", 6, 6),
+    ],
+)
+def test_a_worker_runs_fewer_threads_on_sqlite_unless_told(database_url, concurrency, threads):
+    # SQLite's one write lock takes one writer at a time: two threads let one
+    # run its Python while the other writes; more only queue on the lock.
+    settings = Settings(database_url=database_url, worker_concurrency=concurrency)
+    assert settings.worker_concurrency == threads
 
 
 def test_a_write_transaction_holds_the_writers_lock_until_it_ends(tmp_path: Path):

@@ -68,7 +68,7 @@ def test_the_app_is_configured_for_at_least_once_delivery():
     assert conf.task_serializer == "json" and conf.accept_content == ["json"]
     assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
     assert conf.broker_connection_retry_on_startup is True
-    assert (conf.worker_pool, conf.worker_concurrency) == ("threads", 4)
+    assert (conf.worker_pool, conf.worker_concurrency) == ("threads", settings.worker_concurrency)
     assert conf.broker_url == settings.broker_url
     assert conf.result_backend == settings.broker_url
     assert conf.task_routes[PROCESS_DELIVERY] == {"queue": DELIVERIES_QUEUE}
