@@ -522,9 +522,12 @@ def process_deliveries(
         except Exception as error:
             return error
 
+    # Only SQLite's fast path batches: ask the dialect before taking a
+    # connection, so that a PostgreSQL message checks none out for nothing.
     if (
         len(delivery_pks) > 1
         and settings.worker_fast_path
+        and session.get_bind().dialect.name == "sqlite"
         and _nothing_runs_between_lookup_and_insert(hooks)
     ):
         with fast_path(session.get_bind()) as fast:
