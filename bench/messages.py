@@ -21,10 +21,12 @@ their medians reported:
 from __future__ import annotations
 
 import statistics
+import uuid
 from dataclasses import fields, replace
 from typing import Any
 
 from bench import pgcreate, report
+from bench.bare_create import BARE_CREATE
 from models.settings import DEFAULT_WORKER_CONCURRENCY
 
 #: Goals of issue 20, section 2.
@@ -60,6 +62,16 @@ def messages(bench: Any) -> dict[str, Any]:
                     f"{rig.backends_cpu_ms_per_delivery} ms of CPU per delivery "
                     f"(the last {rig.counted})"
                 )
+                if workers == max(sizes.messages_workers):
+                    bare = _drain_bare_creates(rig, workers, workspace_id)
+                    record["bare_create_drain"] = bare
+                    record["bare_create_ratio"] = report.ratio(
+                        bare["rate_per_s"], record["noop_drain"]["rate_per_s"]
+                    )
+                    bench.say(
+                        f"  round {round_}, {workers} process(es): the bare create in a Celery"
+                        f" task drains at {record['bare_create_ratio']}x no-op"
+                    )
                 drains[workers].append(record)
             baseline = pgcreate.bare_create(
                 bench.processes,
@@ -77,49 +89,137 @@ def messages(bench: Any) -> dict[str, Any]:
     return _report(bench, drains, baselines, clients)
 
 
+class _BackendsWindow:
+    """The CPU of a database's backends over a drain of ``total`` one-delivery
+    messages, after its first tenth: the workers' connections are new, and
+    each plans its statements on their first executions (psycopg prepares
+    them on the fifth), as pgbench's connections do in its warm-up. Read when
+    the broker has handed out a tenth of the messages, and again when the
+    drain is found done. Unlike every ``postgres`` process's CPU, this leaves
+    out a neighbour's work on the shared server, and a backend that exits
+    meanwhile cannot make it negative."""
+
+    def __init__(self, watcher: Any, total: int) -> None:
+        self.watcher, self.total = watcher, total
+        #: CPU seconds of the counted part, and its deliveries.
+        self.cpu, self.counted = 0.0, 0
+        self._before: dict[int, float] | None = None
+        self._taken_before = 0
+
+    def check(self, queued: int, done: bool) -> None:
+        """Called with the queue's length, and whether the drain is done."""
+        # One message per delivery: a message gone from the queue is a delivery taken.
+        taken = self.total - queued
+        if self._before is None and not self.counted and taken >= self.total // 10:
+            self._before = pgcreate.database_backends_cpu(self.watcher)
+            self._taken_before = taken
+        if done and self._before is not None:
+            after = pgcreate.database_backends_cpu(self.watcher)
+            self.cpu = pgcreate.backends_cpu_between(self._before, after)
+            self.counted = self.total - self._taken_before
+            self._before = None
+
+    @property
+    def ms_per_delivery(self) -> float:
+        return round(1000 * self.cpu / self.counted, 3) if self.counted else 0.0
+
+
 def _backends_counted(rig: Any) -> Any:
     """``rig`` (bench.suites' end-to-end rig), also counting the CPU of its
-    database's backends over each taskhook drain, after its first tenth: the
-    workers' connections are new, and each plans its statements on their first
-    executions (psycopg prepares them on the fifth), as pgbench's connections
-    do in its warm-up. Read when the broker has handed out a tenth of the
-    messages, and again when the drain is found done. Unlike every
-    ``postgres`` process's CPU, this leaves out a neighbour's work on the
-    shared server, and a backend that exits meanwhile cannot make it negative.
-    """
+    database's backends over each taskhook drain (:class:`_BackendsWindow`)."""
     from bench.suites import _EndToEndRig, _queue_length
 
     class BackendsCounted(_EndToEndRig):
-        #: CPU seconds of the last drain's counted part, and its deliveries.
-        backends_cpu: float = 0.0
-        counted: int = 0
-        _before: dict[int, float] | None = None
-        _taken_before: int = 0
+        window: _BackendsWindow | None = None
 
         def post_deliveries(self, workers: int) -> dict:
-            self._before, self.backends_cpu, self.counted = None, 0.0, 0
+            self.window = _BackendsWindow(self.watcher, self.deliveries)
             return super().post_deliveries(workers)
 
         def all_done(self) -> bool:
-            # One message per delivery: a message gone from the queue is a delivery taken.
-            if self._before is None and not self.counted:
-                taken = self.deliveries - _queue_length(self.client)
-                if taken >= self.deliveries // 10:
-                    self._before = pgcreate.database_backends_cpu(self.watcher)
-                    self._taken_before = taken
+            queued = _queue_length(self.client)
             done = super().all_done()
-            if done and self._before is not None:
-                after = pgcreate.database_backends_cpu(self.watcher)
-                self.backends_cpu = pgcreate.backends_cpu_between(self._before, after)
-                self.counted = self.deliveries - self._taken_before
-                self._before = None
+            self.window.check(queued, done)
             return done
 
         @property
         def backends_cpu_ms_per_delivery(self) -> float:
-            return round(1000 * self.backends_cpu / self.counted, 3) if self.counted else 0.0
+            return self.window.ms_per_delivery
+
+        @property
+        def counted(self) -> int:
+            return self.window.counted
 
     return BackendsCounted(**{field.name: getattr(rig, field.name) for field in fields(rig)})
+
+
+def _drain_bare_creates(rig: Any, workers: int, workspace_id: int) -> dict[str, Any]:
+    """The ceiling: ``workers`` Celery processes draining one bare create per
+    message (``bench.bare_create``), as many as the taskhook drain's
+    deliveries; its rate, its CPU per create, and whether each created and
+    settled exactly one task."""
+    from bench.suites import _drain, _flush, _queue_length, _Starter, enqueue
+
+    n = rig.deliveries
+    run = uuid.uuid4().hex[:12]
+    _flush(rig.redis_url)
+    enqueue(rig.redis_url, BARE_CREATE, ([workspace_id, f"bare-{run}-{i}"] for i in range(n)))
+    window = _BackendsWindow(rig.watcher, n)
+
+    def done() -> bool:
+        queued = _queue_length(rig.client)
+        finished = rig.noop_done()
+        window.check(queued, finished)
+        return finished
+
+    starter = _Starter(
+        rig.bench.processes, f"bare-p{workers}", "bench.bare_create", rig.env, workers
+    )
+    try:
+        drained = _drain(starter, n, n, rig.redis_url, done)
+    finally:
+        starter.stop()
+    created, settled = rig.watcher.execute(
+        "SELECT count(*), count(external_id_settled_at) FROM tasks"
+        " WHERE workspace_id = %s AND external_id LIKE %s",
+        (workspace_id, f"bare-{run}-%"),
+    ).fetchone()
+    drained["database_backends_cpu_ms_per_create"] = window.ms_per_delivery
+    drained["exact"] = created == settled == n
+    rig.bench.say(
+        f"  bare create in a Celery task, {workers} process(es): {drained['rate_per_s']}/s;"
+        f" CPU ms per create {drained['cpu_ms_per_delivery']},"
+        f" the database's backends {window.ms_per_delivery}"
+    )
+    return drained
+
+
+def _bare_create_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ceiling's rounds: its drain against the no-op's (how near the drain
+    goal a worker that only creates gets), taskhook's drain against it, and
+    PostgreSQL's CPU per create in Celery's shape beside taskhook's."""
+    ratios = [r["bare_create_ratio"] for r in rounds]
+    taskhook_vs_bare = [
+        report.ratio(r["taskhook_drain"]["rate_per_s"], r["bare_create_drain"]["rate_per_s"])
+        for r in rounds
+    ]
+    postgres_vs_bare = [
+        report.ratio(
+            r["taskhook_drain"]["database_backends_cpu_ms_per_delivery"],
+            r["bare_create_drain"]["database_backends_cpu_ms_per_create"],
+        )
+        for r in rounds
+    ]
+    return {
+        "rounds": [r["bare_create_drain"] for r in rounds],
+        "ratio_vs_noop": statistics.median(ratios),
+        "ratios_vs_noop_per_round": ratios,
+        "taskhook_drain_vs_bare_create": statistics.median(taskhook_vs_bare),
+        "taskhook_drain_vs_bare_create_per_round": taskhook_vs_bare,
+        "postgres_cpu_taskhook_vs_bare_create": statistics.median(postgres_vs_bare),
+        "postgres_cpu_taskhook_vs_bare_create_per_round": postgres_vs_bare,
+        "exact": all(r["bare_create_drain"]["exact"] for r in rounds),
+    }
 
 
 def _report(
@@ -156,8 +256,16 @@ def _report(
             "rate": report.median([b["rate_per_s"] for b in baselines]),
         }
     )
+    bare = _bare_create_summary(drains[most])
+    rows.append(
+        {
+            "label": f"bare create task\n{most} process(es)",
+            "rate": report.median([r["bare_create_drain"]["rate_per_s"] for r in drains[most]]),
+        }
+    )
     result = {
         "deliveries": bench.sizes.messages_deliveries,
+        "bare_create_in_celery": bare,
         "relay_keys_per_message": ONE_KEY_PER_MESSAGE,
         "configs": {f"{workers} worker process(es)": config for workers, config in configs.items()},
         "pgbench_bare_create": {

@@ -11,7 +11,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -545,10 +545,15 @@ def _configured(redis_url: str) -> Celery:
 
 
 def _enqueue_noops(redis_url: str, count: int) -> None:
+    enqueue(redis_url, NOOP, ([key] for key in range(count)))
+
+
+def enqueue(redis_url: str, task: str, arguments: Iterable[list]) -> None:
+    """One message of ``task`` on the deliveries queue for each list of arguments."""
     app = _configured(redis_url)
     with app.producer_or_acquire() as producer:
-        for key in range(count):
-            app.send_task(NOOP, args=[key], queue=DELIVERIES_QUEUE, producer=producer)
+        for args in arguments:
+            app.send_task(task, args=args, queue=DELIVERIES_QUEUE, producer=producer)
     app.close()
 
 

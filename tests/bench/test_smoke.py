@@ -154,6 +154,11 @@ def test_messages(tmp_path: Path) -> None:
     assert baseline["creates"] > 0 and baseline["clients"] == 8
     assert baseline["cpu_ms_per_create"]["database_backends"] > 0
     assert len(result["postgres_cpu_per_delivery_vs_bare_create"]["ratios_per_round"]) == 1
+    # The ceiling: Celery draining one bare create per message, each created and settled once.
+    bare = result["bare_create_in_celery"]
+    assert bare["exact"] and len(bare["ratios_vs_noop_per_round"]) == 1
+    (drained,) = bare["rounds"]
+    assert drained["rate_per_s"] > 0 and drained["database_backends_cpu_ms_per_create"] > 0
 
 
 def test_workspaces(tmp_path: Path) -> None:
