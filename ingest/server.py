@@ -299,15 +299,31 @@ def config_from(argv: list[str], settings: Settings) -> Config:
     )
 
 
+#: The collector's thresholds for the ingress (CPython's are 700, 10, 10):
+#: a young pass every 20,000 allocations net of frees, a middle pass every 20
+#: young ones, and a full pass only after 100 middle ones (and, as always,
+#: once the objects that outlived the middle pass since the last full one
+#: reach a quarter of those the last one kept). A full pass walks every open
+#: event stream's objects, about 220 a stream, and holds the event loop
+#: meanwhile: with 1,000 streams open one took 100-190 ms and came every
+#: ~13 s under load, which put the events' p99 at 160-190 ms; with these,
+#: none came in the benchmark's minute (docs/performance.md §13). What is
+#: freed by reference counting, nearly everything a request makes, is freed
+#: at once either way; only garbage in cycles waits longer for its pass.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
 class FrozenAfterStartup(uvicorn.Server):
     """A server whose startup heap (the app, its libraries, the lifespan's
     engine and listener) is left out of the collector's full passes, which
     otherwise walk all of it and stall every open event stream meanwhile
-    (one was seen taking ~0.7 s on a loaded machine; docs/performance.md §13)."""
+    (one was seen taking ~0.7 s on a loaded machine; docs/performance.md §13),
+    and whose full passes come seldom (:data:`GC_THRESHOLDS`)."""
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets=sockets)
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
 
 
 def main() -> None:

@@ -7,15 +7,19 @@ server, on real sockets, is tests/e2e/test_server_limits.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Sequence
 
 import pytest
+import uvicorn
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from ingest.server import (
+    GC_THRESHOLDS,
     BoundedH11Protocol,
     BoundedHttpToolsProtocol,
+    FrozenAfterStartup,
     RequestLimits,
     config_from,
 )
@@ -213,3 +217,29 @@ def test_the_launcher_serves_the_bounded_protocols_where_the_settings_say() -> N
         BoundedH11Protocol,
         9,
     )
+
+
+def test_the_server_freezes_its_startup_heap_and_makes_full_collections_rare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After uvicorn's own startup, the startup heap leaves the collector's
+    passes and the thresholds become GC_THRESHOLDS, so a full pass, which
+    holds the event loop over every open stream, comes seldom."""
+    started: list[bool] = []
+
+    async def uvicorn_startup(self, sockets=None) -> None:
+        started.append(True)
+
+    monkeypatch.setattr(uvicorn.Server, "startup", uvicorn_startup)
+    thresholds = gc.get_threshold()
+    try:
+        gc.unfreeze()
+        asyncio.run(FrozenAfterStartup(Config("ingest.app:app")).startup())
+        assert started == [True]
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+        # A full pass waits for 100 middle ones, each for 20 young ones.
+        assert GC_THRESHOLDS[1] * GC_THRESHOLDS[2] > thresholds[1] * thresholds[2]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
