@@ -10,7 +10,10 @@ even rounds, last in odd ones) with 1 and then 2 worker processes, then runs
 connections as the two processes' threads. The ratios are taken per round and
 their medians reported:
 
-- the drain against the Celery no-op drain (goal: >= 0.7x with 2 processes);
+- the drain against the Celery no-op drain (goal: >= 0.7x with 2 processes),
+  and beside it, with the most processes, the drain of the bare create in a
+  Celery task (``bench.bare_create``): the ceiling of that goal for any
+  worker that creates a task per message;
 - PostgreSQL's CPU per delivery against its CPU per bare create (goal:
   <= 1.3x): the CPU of the benchmark database's own backends over the
   2-process drain, and over pgbench's steady window. The CPU of every
