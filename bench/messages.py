@@ -16,7 +16,10 @@ their medians reported:
   worker that creates a task per message;
 - PostgreSQL's CPU per delivery against its CPU per bare create (goal:
   <= 1.3x): the CPU of the benchmark database's own backends over the
-  2-process drain, and over pgbench's steady window. The CPU of every
+  2-process drain, and over pgbench's steady window; and beside it, pgbench
+  running the contract's writes in plain SQL (``bench/pgbench_contract.sql``,
+  on deliveries stored for it), the least any implementation of the
+  contract asks of PostgreSQL per create. The CPU of every
   ``postgres`` process (as ``bench e2e`` counts it) is reported beside it; on
   a shared server a neighbour's queries, and backends that exit, move that one.
 """
@@ -50,6 +53,7 @@ def messages(bench: Any) -> dict[str, Any]:
     clients = threads * max(sizes.messages_workers)
     drains: dict[int, list[dict[str, Any]]] = {workers: [] for workers in sizes.messages_workers}
     baselines: list[dict[str, Any]] = []
+    floors: list[dict[str, Any]] = []
     with _end_to_end_rig(bench, ONE_KEY_PER_MESSAGE) as shared:
         pgcreate.pgbench_path()  # before the first drain: say it is missing early
         workspace_id = pgcreate.prepare_workspace(shared.database)
@@ -88,8 +92,20 @@ def messages(bench: Any) -> dict[str, Any]:
                 f"  round {round_}, pgbench bare create, {clients} clients: "
                 f"{baseline['rate_per_s']}/s; CPU ms per create {baseline['cpu_ms_per_create']}"
             )
+            floor = pgcreate.contract_floor(
+                bench.processes,
+                rig.database,
+                workspace_id=workspace_id,
+                clients=clients,
+                seconds=sizes.messages_pgbench_seconds,
+            )
+            floors.append(floor)
+            bench.say(
+                f"  round {round_}, pgbench contract's writes, {clients} clients: "
+                f"{floor['rate_per_s']}/s; CPU ms per create {floor['cpu_ms_per_create']}"
+            )
     bench.sizes = sizes
-    return _report(bench, drains, baselines, clients)
+    return _report(bench, drains, baselines, floors, clients)
 
 
 class _BackendsWindow:
@@ -188,6 +204,7 @@ def _drain_bare_creates(rig: Any, workers: int, workspace_id: int) -> dict[str, 
         (workspace_id, f"bare-{run}-%"),
     ).fetchone()
     drained["database_backends_cpu_ms_per_create"] = window.ms_per_delivery
+    drained["database_backends_creates_counted"] = window.counted
     drained["exact"] = created == settled == n
     rig.bench.say(
         f"  bare create in a Celery task, {workers} process(es): {drained['rate_per_s']}/s;"
@@ -229,6 +246,7 @@ def _report(
     bench: Any,
     drains: dict[int, list[dict[str, Any]]],
     baselines: list[dict[str, Any]],
+    floors: list[dict[str, Any]],
     clients: int,
 ) -> dict[str, Any]:
     from bench.suites import _summary_of_rounds, drain_rows, settled_goals
@@ -260,6 +278,20 @@ def _report(
         }
     )
     bare = _bare_create_summary(drains[most])
+    floor_ratios = [
+        report.ratio(
+            record["taskhook_drain"]["database_backends_cpu_ms_per_delivery"],
+            floor["cpu_ms_per_create"]["database_backends"],
+        )
+        for record, floor in zip(drains[most], floors, strict=True)
+    ]
+    floor_vs_bare = [
+        report.ratio(
+            floor["cpu_ms_per_create"]["database_backends"],
+            baseline["cpu_ms_per_create"]["database_backends"],
+        )
+        for floor, baseline in zip(floors, baselines, strict=True)
+    ]
     rows.append(
         {
             "label": f"bare create task\n{most} process(es)",
@@ -279,6 +311,20 @@ def _report(
                 side: round(statistics.median(b["cpu_ms_per_create"][side] for b in baselines), 3)
                 for side in ("postgres", "database_backends")
             },
+        },
+        # The contract's writes in plain SQL (bench/pgbench_contract.sql): what
+        # any implementation of docs/contract.md writes per create, against the
+        # bare create, and taskhook against it.
+        "pgbench_contract_writes": {
+            "clients": clients,
+            "rounds": floors,
+            "cpu_ms_per_create": report.median(
+                [f["cpu_ms_per_create"]["database_backends"] for f in floors]
+            ),
+            "vs_bare_create": statistics.median(floor_vs_bare),
+            "vs_bare_create_per_round": floor_vs_bare,
+            "taskhook_vs_contract_writes": statistics.median(floor_ratios),
+            "taskhook_vs_contract_writes_per_round": floor_ratios,
         },
         "postgres_cpu_per_delivery_vs_bare_create": {
             "worker_processes": most,

@@ -16,6 +16,7 @@ are counted on the workspace's identifier counter.
 from __future__ import annotations
 
 import glob
+import hashlib
 import math
 import shutil
 import time
@@ -25,13 +26,22 @@ from typing import Any
 
 import psutil
 import psycopg
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 from bench.processes import BenchError, Processes, clean_environment, libpq_url, server_cpu_seconds
 from models.db import make_engine, make_session_factory, session_scope
+from models.sources import add_source
+from models.tables import WebhookSource
 from models.workspaces import create_workspace
 
 SCRIPT = Path(__file__).resolve().parent / "pgbench_create.sql"
+#: The contract's writes in plain SQL: the bare create and what a delivery adds to it.
+CONTRACT_SCRIPT = Path(__file__).resolve().parent / "pgbench_contract.sql"
+#: Queued deliveries stored per pgbench client and second of its run: more
+#: than a client gets through (pgbench fails a client that runs out).
+CONTRACT_DELIVERIES_PER_CLIENT_SECOND = 250
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 #: Where Debian's postgresql-client puts pgbench when it is not on PATH.
 _DEBIAN_PGBENCH = "/usr/lib/postgresql/*/bin/pgbench"
 
@@ -115,13 +125,115 @@ def bare_create(
     """Run pgbench's bare create with ``clients`` connections for a warm-up,
     then ``seconds``, then a little more (so every client is still connected at
     the second reading); PostgreSQL's CPU per create over the ``seconds``."""
+    return _pgbench(
+        processes, database_url, SCRIPT, workspace_id=workspace_id, clients=clients, seconds=seconds
+    )
+
+
+def contract_floor(
+    processes: Processes,
+    database_url: str,
+    *,
+    workspace_id: int,
+    clients: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """As :func:`bare_create`, with ``bench/pgbench_contract.sql``: the
+    contract's writes in plain SQL, each create driven by one of the queued
+    deliveries stored for it first (:func:`store_queued_deliveries`)."""
+    per_client = CONTRACT_DELIVERIES_PER_CLIENT_SECOND * math.ceil(seconds + 2)
+    first = store_queued_deliveries(database_url, workspace_id, clients * per_client)
+    return _pgbench(
+        processes,
+        database_url,
+        CONTRACT_SCRIPT,
+        workspace_id=workspace_id,
+        clients=clients,
+        seconds=seconds,
+        variables={"first": first, "per_client": per_client},
+    )
+
+
+def store_queued_deliveries(database_url: str, workspace_id: int, count: int) -> int:
+    """``count`` queued GitHub deliveries of ``issues.opened`` with a real
+    body, stored for a source of the workspace in one COPY; the first one's id
+    (the rest follow it)."""
+    body = (FIXTURES / "github" / "issues__opened.json").read_bytes()
+    digest = hashlib.sha256(body).hexdigest()
+    source_id = _source_of(database_url, workspace_id)
+    run = uuid.uuid4().hex[:12]
+    with psycopg.connect(libpq_url(database_url)) as connection:
+        (first,) = connection.execute(
+            "SELECT nextval(pg_get_serial_sequence('deliveries', 'id'))"
+        ).fetchone()
+        with connection.cursor().copy(
+            "COPY deliveries (id, source_id, delivery_id, body, body_sha256, event, action,"
+            " headers, received_at, updated_at, status) FROM STDIN"
+        ) as copy:
+            for offset in range(count):
+                copy.write_row(
+                    (
+                        first + offset,
+                        source_id,
+                        f"{run}-{offset}",
+                        body,
+                        digest,
+                        "issues.opened",
+                        "opened",
+                        "{}",
+                        "now",
+                        "now",
+                        "queued",
+                    )
+                )
+        connection.execute(
+            "SELECT setval(pg_get_serial_sequence('deliveries', 'id'), %s)", (first + count,)
+        )
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
+        connection.execute("VACUUM ANALYZE deliveries")
+    return first
+
+
+def _source_of(database_url: str, workspace_id: int) -> int:
+    """The workspace's GitHub source for the contract's deliveries, added on first use."""
+    engine = make_engine(database_url)
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            slug = f"pgbench-github-{workspace_id}"
+            found = session.scalar(select(WebhookSource.id).where(WebhookSource.slug == slug))
+            if found is not None:
+                return found
+            return add_source(
+                session=session,
+                provider="github",
+                workspace_id=workspace_id,
+                slug=slug,
+                secret="pgbench",
+                create_events=["issues.opened"],
+            ).id
+    finally:
+        engine.dispose()
+
+
+def _pgbench(
+    processes: Processes,
+    database_url: str,
+    script: Path,
+    *,
+    workspace_id: int,
+    clients: int,
+    seconds: float,
+    variables: dict[str, int] | None = None,
+) -> dict[str, Any]:
     warmup = min(1.0, seconds / 2)
     url = make_url(database_url)
-    args = [pgbench_path(), "--no-vacuum", "--protocol=prepared", f"--file={SCRIPT}"]
+    args = [pgbench_path(), "--no-vacuum", "--protocol=prepared", f"--file={script}"]
     args += [f"--client={clients}", f"--jobs={min(clients, 2)}"]
     args += [f"--time={math.ceil(warmup + seconds + 0.5)}"]
     args += ["-D", f"workspace={workspace_id}", "-D", f"run={uuid.uuid4().int % 10**9}"]
     args += ["-D", "n=0"]
+    for name, value in (variables or {}).items():
+        args += ["-D", f"{name}={value}"]
     args += ["-h", url.host or "127.0.0.1", "-p", str(url.port or 5432)]
     args += ["-U", url.username or "postgres", url.database or "postgres"]
     env = clean_environment(**({"PGPASSWORD": url.password} if url.password else {}))

@@ -158,7 +158,12 @@ def test_messages(tmp_path: Path) -> None:
     bare = result["bare_create_in_celery"]
     assert bare["exact"] and len(bare["ratios_vs_noop_per_round"]) == 1
     (drained,) = bare["rounds"]
-    assert drained["rate_per_s"] > 0 and drained["database_backends_cpu_ms_per_create"] > 0
+    # Its database CPU is counted after the first tenth of the messages, which a
+    # smoke-sized drain may pass before the first look: only its sign is sure.
+    assert drained["rate_per_s"] > 0 and drained["database_backends_cpu_ms_per_create"] >= 0
+    # The contract's writes in plain SQL, run by pgbench on deliveries stored for it.
+    (floor,) = result["pgbench_contract_writes"]["rounds"]
+    assert floor["creates"] > 0 and floor["cpu_ms_per_create"]["database_backends"] > 0
 
 
 def test_workspaces(tmp_path: Path) -> None:
