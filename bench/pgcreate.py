@@ -1,7 +1,9 @@
 """PostgreSQL's own floor for a create: pgbench running the bare create
 transaction (``bench/pgbench_create.sql``: lookup by external id, the
 workspace's next identifier, the insert, commit; then the settlement, commit)
-on taskhook's schema, in the benchmark's own database.
+on taskhook's schema, in the benchmark's own database; and the contract's
+writes in plain SQL (``bench/pgbench_contract.sql``: the bare create with the
+delivery's lease, source link, event and record), on deliveries stored for it.
 
 What it is measured by is PostgreSQL's CPU per create, counted for the
 database's own client backends (the processes ``pg_stat_activity`` lists for
