@@ -80,30 +80,22 @@ def messages(bench: Any) -> dict[str, Any]:
                         f" task drains at {record['bare_create_ratio']}x no-op"
                     )
                 drains[workers].append(record)
-            baseline = pgcreate.bare_create(
-                bench.processes,
-                rig.database,
-                workspace_id=workspace_id,
-                clients=clients,
-                seconds=sizes.messages_pgbench_seconds,
-            )
-            baselines.append(baseline)
-            bench.say(
-                f"  round {round_}, pgbench bare create, {clients} clients: "
-                f"{baseline['rate_per_s']}/s; CPU ms per create {baseline['cpu_ms_per_create']}"
-            )
-            floor = pgcreate.contract_floor(
-                bench.processes,
-                rig.database,
-                workspace_id=workspace_id,
-                clients=clients,
-                seconds=sizes.messages_pgbench_seconds,
-            )
-            floors.append(floor)
-            bench.say(
-                f"  round {round_}, pgbench contract's writes, {clients} clients: "
-                f"{floor['rate_per_s']}/s; CPU ms per create {floor['cpu_ms_per_create']}"
-            )
+            for what, pgbench, measured in (
+                ("bare create", pgcreate.bare_create, baselines),
+                ("contract's writes", pgcreate.contract_floor, floors),
+            ):
+                one = pgbench(
+                    bench.processes,
+                    rig.database,
+                    workspace_id=workspace_id,
+                    clients=clients,
+                    seconds=sizes.messages_pgbench_seconds,
+                )
+                measured.append(one)
+                bench.say(
+                    f"  round {round_}, pgbench {what}, {clients} clients: "
+                    f"{one['rate_per_s']}/s; CPU ms per create {one['cpu_ms_per_create']}"
+                )
     bench.sizes = sizes
     return _report(bench, drains, baselines, floors, clients)
 
@@ -242,6 +234,10 @@ def _bare_create_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _per_round(numerators: list[float], denominators: list[float]) -> list[float]:
+    return [report.ratio(n, d) for n, d in zip(numerators, denominators, strict=True)]
+
+
 def _report(
     bench: Any,
     drains: dict[int, list[dict[str, Any]]],
@@ -254,20 +250,16 @@ def _report(
     configs = {workers: _summary_of_rounds(rounds) for workers, rounds in drains.items()}
     labelled = {f"{workers} process(es)": config for workers, config in configs.items()}
     most = max(configs)
-    cpu_ratios = [
-        report.ratio(
-            record["taskhook_drain"]["database_backends_cpu_ms_per_delivery"],
-            baseline["cpu_ms_per_create"]["database_backends"],
-        )
-        for record, baseline in zip(drains[most], baselines, strict=True)
+    taskhook_postgres = [
+        r["taskhook_drain"]["database_backends_cpu_ms_per_delivery"] for r in drains[most]
     ]
-    server_ratios = [
-        report.ratio(
-            record["taskhook_drain"]["cpu_ms_per_delivery"]["postgres"],
-            baseline["cpu_ms_per_create"]["postgres"],
-        )
-        for record, baseline in zip(drains[most], baselines, strict=True)
-    ]
+    bare_postgres = [b["cpu_ms_per_create"]["database_backends"] for b in baselines]
+    floor_postgres = [f["cpu_ms_per_create"]["database_backends"] for f in floors]
+    cpu_ratios = _per_round(taskhook_postgres, bare_postgres)
+    server_ratios = _per_round(
+        [r["taskhook_drain"]["cpu_ms_per_delivery"]["postgres"] for r in drains[most]],
+        [b["cpu_ms_per_create"]["postgres"] for b in baselines],
+    )
     cpu_ratio = statistics.median(cpu_ratios)
     drain_ratio = configs[most]["ratio_vs_noop"]
     rows = drain_rows(labelled)
@@ -278,20 +270,8 @@ def _report(
         }
     )
     bare = _bare_create_summary(drains[most])
-    floor_ratios = [
-        report.ratio(
-            record["taskhook_drain"]["database_backends_cpu_ms_per_delivery"],
-            floor["cpu_ms_per_create"]["database_backends"],
-        )
-        for record, floor in zip(drains[most], floors, strict=True)
-    ]
-    floor_vs_bare = [
-        report.ratio(
-            floor["cpu_ms_per_create"]["database_backends"],
-            baseline["cpu_ms_per_create"]["database_backends"],
-        )
-        for floor, baseline in zip(floors, baselines, strict=True)
-    ]
+    floor_ratios = _per_round(taskhook_postgres, floor_postgres)
+    floor_vs_bare = _per_round(floor_postgres, bare_postgres)
     rows.append(
         {
             "label": f"bare create task\n{most} process(es)",
@@ -328,12 +308,8 @@ def _report(
         },
         "postgres_cpu_per_delivery_vs_bare_create": {
             "worker_processes": most,
-            "taskhook_ms_per_delivery": [
-                r["taskhook_drain"]["database_backends_cpu_ms_per_delivery"] for r in drains[most]
-            ],
-            "pgbench_ms_per_create": [
-                b["cpu_ms_per_create"]["database_backends"] for b in baselines
-            ],
+            "taskhook_ms_per_delivery": taskhook_postgres,
+            "pgbench_ms_per_create": bare_postgres,
             "ratio": cpu_ratio,
             "ratios_per_round": cpu_ratios,
             # The same, over every postgres process (as bench e2e counts it):
