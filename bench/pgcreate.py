@@ -31,6 +31,7 @@ import psycopg
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
+from bench.deliveries import recorded_body
 from bench.processes import BenchError, Processes, clean_environment, libpq_url, server_cpu_seconds
 from models.db import make_engine, make_session_factory, session_scope
 from models.sources import add_source
@@ -43,7 +44,6 @@ CONTRACT_SCRIPT = Path(__file__).resolve().parent / "pgbench_contract.sql"
 #: Queued deliveries stored per pgbench client and second of its run: more
 #: than a client gets through (pgbench fails a client that runs out).
 CONTRACT_DELIVERIES_PER_CLIENT_SECOND = 250
-FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 #: Where Debian's postgresql-client puts pgbench when it is not on PATH.
 _DEBIAN_PGBENCH = "/usr/lib/postgresql/*/bin/pgbench"
 
@@ -160,7 +160,7 @@ def store_queued_deliveries(database_url: str, workspace_id: int, count: int) ->
     """``count`` queued GitHub deliveries of ``issues.opened`` with a real
     body, stored for a source of the workspace in one COPY; the first one's id
     (the rest follow it)."""
-    body = (FIXTURES / "github" / "issues__opened.json").read_bytes()
+    body = recorded_body("github", "issues__opened")
     digest = hashlib.sha256(body).hexdigest()
     source_id = _source_of(database_url, workspace_id)
     run = uuid.uuid4().hex[:12]
