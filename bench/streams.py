@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
-import select as selectors
+import selectors
 import signal
 import subprocess
 import sys
@@ -342,16 +342,19 @@ class _Holder:
         """Until the holder prints a line starting with ``word``; False if it
         exits or ``deadline`` passes first."""
         output = self.popen.stdout.fileno()
-        while not any(line.startswith(word) for line in self._said.splitlines()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            ready, _, _ = selectors.select([output], [], [], min(remaining, 1.0))
-            if ready:
-                chunk = os.read(output, 65536)
-                if not chunk:
+        # A selector, not select.select, which refuses descriptors numbered
+        # 1024 or more (a long test session can hold that many).
+        with selectors.DefaultSelector() as watch:
+            watch.register(output, selectors.EVENT_READ)
+            while not any(line.startswith(word) for line in self._said.splitlines()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     return False
-                self._said += chunk
+                if watch.select(min(remaining, 1.0)):
+                    chunk = os.read(output, 65536)
+                    if not chunk:
+                        return False
+                    self._said += chunk
         return True
 
     def start(self) -> None:

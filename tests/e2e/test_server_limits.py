@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import json
 import os
-import select
+import selectors
 import socket
 import threading
 import time
@@ -151,6 +151,15 @@ def send_junk_header(ingress: Ingress, size: int) -> bytes:
         return answer(sock, limit=60)
 
 
+def readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server wrote or closed within ``timeout``. A selector, not
+    ``select.select``, which refuses descriptors numbered 1024 or more, as a
+    long test session's sockets may be."""
+    with selectors.DefaultSelector() as watch:
+        watch.register(sock, selectors.EVENT_READ)
+        return bool(watch.select(timeout))
+
+
 def test_a_1_mib_header_is_refused_at_once_while_healthz_answers(ingress: Ingress) -> None:
     latencies: list[float] = []
     sent = threading.Event()
@@ -208,7 +217,7 @@ def test_a_head_trickled_past_its_timeout_is_closed(impatient_ingress: Ingress) 
     with socket.create_connection(("127.0.0.1", impatient_ingress.port), timeout=10) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n")
         with contextlib.suppress(OSError):
-            while time.monotonic() - started < 6 and not select.select([sock], [], [], 0.2)[0]:
+            while time.monotonic() - started < 6 and not readable(sock, 0.2):
                 sock.sendall(b"X-Slow: 1\r\n")
         received = answer(sock, limit=5)
     assert statuses(received) in ([408], []), received[:200]
@@ -224,7 +233,7 @@ def test_a_body_trickled_past_its_timeout_is_answered_408_and_not_stored(
         sock.sendall(head)
         with contextlib.suppress(OSError):
             for byte in body[: int(BODY_TIMEOUT * 4)]:  # a byte every 0.5 s: twice too slow
-                if select.select([sock], [], [], 0.5)[0]:
+                if readable(sock, 0.5):
                     break
                 sock.sendall(bytes([byte]))
         received = answer(sock, limit=5)
