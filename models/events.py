@@ -28,10 +28,11 @@ import enum
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Text, cast, exists, func, select
+from sqlalchemy import Integer, Text, cast, exists, func, literal_column, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from models.statements import insert_from_values, sql_value
 from models.tables import EventStream, Task, TaskEvent, utcnow
 
 #: The PostgreSQL channel a committed append notifies, with the workspace id.
@@ -59,44 +60,70 @@ def append_event(
     task holds now (a release passes the one it just freed). ``occurred_at``
     defaults to now.
     """
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-    position = session.execute(
-        advance_stream(insert(EventStream).values(workspace_id=task.workspace_id, last_position=1))
-    ).scalar_one()
-    event = TaskEvent(
-        workspace_id=task.workspace_id,
-        position=position,
-        type=type.value,
-        task_id=task.id,
-        external_id=task.external_id if external_id is None else external_id,
-        occurred_at=occurred_at or utcnow(),
-    )
-    session.add(event)
-    session.flush()
-    return event
+    dialect = session.get_bind().dialect.name
+    position = session.execute(advance_stream(dialect, task.workspace_id)).scalar_one()
+    return session.scalars(
+        event_statement(
+            workspace_id=task.workspace_id,
+            position=position,
+            type=type.value,
+            task_id=task.id,
+            external_id=task.external_id if external_id is None else external_id,
+            occurred_at=occurred_at or utcnow(),
+        ).returning(TaskEvent)
+    ).one()
 
 
-def advance_stream(first_position):
-    """The next position of a workspace's stream: ``first_position`` is the
-    INSERT of the stream row at position 1 (its values, or a SELECT of
-    them), which becomes an increment when the row exists. Returns the
+# --- the append's statements -------------------------------------------------------------
+#
+# Each takes values or SQL expressions (bound parameters, a CTE's columns):
+# append_event executes them one by one, and the worker's fast path
+# (models.fastpath) runs the same statements, so the append is written once.
+
+
+def advance_stream(dialect: str, workspace_id):
+    """The next position of the workspace's stream: the stream row is
+    inserted at position 1, or incremented when it exists. Returns the
     position, then the workspace. The row stays locked until commit.
 
     On PostgreSQL the statement also notifies :data:`EVENTS_CHANNEL` with the
     workspace id (a third column, ``notified``, of no value): in the
-    statement itself, so every path that appends an event -- this module's
-    and the worker's fast path (``models.fastpath``) -- notifies, and only
+    statement itself, so every path that appends an event notifies, and only
     at commit."""
-    upsert = first_position.on_conflict_do_update(
-        index_elements=[EventStream.workspace_id],
-        set_={"last_position": EventStream.last_position + 1},
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    # WHERE true: SQLite reads an INSERT ... SELECT followed by ON CONFLICT
+    # unambiguously only when the SELECT has a WHERE clause.
+    first_position = select(
+        sql_value(EventStream.workspace_id, workspace_id), literal_column("1", Integer)
+    ).where(true())
+    upsert = (
+        insert(EventStream)
+        .from_select([EventStream.workspace_id, EventStream.last_position], first_position)
+        .on_conflict_do_update(
+            index_elements=[EventStream.workspace_id],
+            set_={"last_position": EventStream.last_position + 1},
+        )
     )
-    if not isinstance(first_position, postgresql.Insert):
+    if dialect != "postgresql":
         return upsert.returning(EventStream.last_position, EventStream.workspace_id)
     notify = func.pg_notify(EVENTS_CHANNEL, cast(EventStream.workspace_id, Text))
     return upsert.returning(
         EventStream.last_position, EventStream.workspace_id, notify.label("notified")
     )
+
+
+def event_statement(*, workspace_id, position, type, task_id, external_id, occurred_at):
+    """The event row at ``position`` of the workspace's stream (from
+    :func:`advance_stream`, in the same transaction)."""
+    values = {
+        TaskEvent.workspace_id: workspace_id,
+        TaskEvent.position: position,
+        TaskEvent.type: type,
+        TaskEvent.task_id: task_id,
+        TaskEvent.external_id: external_id,
+        TaskEvent.occurred_at: occurred_at,
+    }
+    return insert_from_values(TaskEvent, values)
 
 
 def append_created_if_missing(

@@ -6,9 +6,11 @@ workspace whose intake step has no WIP limit, stored with the draft the
 ingress read and no task from an earlier attempt. On PostgreSQL its two
 statements, each its own transaction on one autocommit connection, are
 composed from the very statements the general path executes one by one
-(the claim and the fenced finish in ``models.inbox``, the lookup,
-identifier, settlement and source link in ``models.tasks``, the stream's
-next position in ``models.events``), so a step is written once:
+(the claim and the fenced finish in ``models.inbox``; the lookup,
+identifier, task insert, settlement and source link in ``models.tasks``; the
+stream's next position and the event in ``models.events``), so a step is
+written once. Which deliveries are the plain case is one predicate,
+:func:`plain_case`, which both databases evaluate:
 
 1. **claim and insert**: the lease, then steps 3 to 5 of the create sequence
    (docs/contract.md, "The create sequence"), with the new task's id recorded
@@ -21,9 +23,9 @@ runs the same statements one by one, in the same two transactions, on one
 connection: SQLite has one writer at a time, and each transaction holds the
 write lock from its first statement (a write) to its commit, so nothing
 runs between its lookup and its insert, as nothing does inside PostgreSQL's
-one statement. What it saves is the general path's ORM work and half its
-commits (each an fsync under ``synchronous=FULL``): the general path runs
-~14 statements in 4 transactions, each statement built anew per delivery.
+one statement. What it saves is half the general path's commits (each an
+fsync under ``synchronous=FULL``) and its reads through the ORM: the general
+path runs ~14 statements in 4 transactions.
 On SQLite the keys of one worker message can also share the two
 transactions: two commits for the message rather than two per key.
 
@@ -52,26 +54,24 @@ from sqlalchemy import (
     cast,
     exists,
     func,
-    insert,
     literal_column,
     null,
     select,
     true,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 
-from models.errors import InvalidExternalId, InvalidTask, LeaseTakenOver
-from models.events import EventType, advance_stream
-from models.external_id import UNICODE_WHITE_SPACE, normalize_external_id
+from models.errors import LeaseTakenOver
+from models.events import EventType, advance_stream, event_statement
+from models.external_id import UNICODE_WHITE_SPACE
 from models.inbox import DeliveryStatus, Lease, claim_statement, fenced_update, finish_values
 from models.integrity import violated_unique_index
 from models.tables import (
     EXTERNAL_ID_INDEX,
     Base,
     Delivery,
-    EventStream,
     Task,
     TaskEvent,
     WebhookSource,
@@ -83,14 +83,13 @@ from models.tasks import (
     MAX_DESCRIPTION_LENGTH,
     MAX_REMOTE_KEY_LENGTH,
     MAX_TITLE_LENGTH,
-    NewTask,
     SourceLink,
     allocate_identifier,
     holds_identity,
+    insert_task_statement,
     intake_step_query,
     link_source_statement,
     settle_statement,
-    validated_new_task,
 )
 
 #: A PostgreSQL regular expression for a value that is Unicode White_Space
@@ -131,16 +130,52 @@ def _number(value: int):
     return literal_column(str(int(value)))
 
 
+def plain_case(dialect: str):
+    """The plain case (docs/architecture.md, "The fast path"), stated once, in
+    SQL over the delivery's row and its source's: both fast paths evaluate
+    this very predicate, PostgreSQL inside its claim, SQLite in the claim's
+    transaction. A draft the lengths of ``models.tasks`` refuse (kept by an
+    older ingress), a blank identity, an identity a task holds (step 3's
+    lookup), a limited intake step (a WIP count needs the workspace lock held
+    before the count's snapshot, which one statement cannot give), a task
+    from an earlier attempt, or an event the source no longer creates from:
+    each goes to the general path, which says why."""
+    workspace_id = WebhookSource.workspace_id
+    return and_(
+        Delivery.created_task_id.is_(None),
+        Delivery.draft_title.is_not(None),
+        Delivery.draft_url.is_not(None),
+        Delivery.external_id.is_not(None),
+        ~Delivery.external_id.regexp_match(sql_constant(_BLANK)),
+        func.char_length(Delivery.draft_title) <= _number(MAX_TITLE_LENGTH),
+        func.coalesce(func.char_length(Delivery.draft_description), _number(0))
+        <= _number(MAX_DESCRIPTION_LENGTH),
+        func.char_length(Delivery.draft_remote_key) <= _number(MAX_REMOTE_KEY_LENGTH),
+        _creates_tasks(dialect, WebhookSource.create_events, Delivery.event),
+        ~exists().where(*holds_identity(workspace_id, Delivery.external_id)),
+        intake_step_query(workspace_id)
+        .with_only_columns(WorkflowStep.wip_limit.is_(None))
+        .scalar_subquery(),
+    )
+
+
+def _creates_tasks(dialect: str, create_events, event):
+    """The source's ``create_events`` (a JSON array of strings) names ``event``:
+    the one part of the plain case each database spells its own way."""
+    if dialect == "postgresql":
+        return cast(create_events, JSONB).has_key(event)
+    named = func.json_each(create_events).table_valued("value")
+    return exists(select(named.c.value).where(named.c.value == event))
+
+
 @functools.cache
 def _claim_and_insert() -> _Statement:
     """One statement, one snapshot. The claim decides whether this is the plain
-    case, on the row it updates, and records the id the task is inserted with
-    (drawn from the table's own sequence beforehand) only then. A draft the
-    lengths of ``models.tasks`` refuse (kept by an older ingress), a limited
-    intake step (a WIP count needs the workspace lock held before the count's
-    snapshot, which one statement cannot give) or any other case goes to the
-    general path with nothing but the lease written. A unique violation (a
-    rival's insert after our snapshot) rolls the whole statement back."""
+    case (:func:`plain_case`), on the row it updates, and records the id the
+    task is inserted with (drawn from the table's own sequence beforehand)
+    only then; any other case goes to the general path with nothing but the
+    lease written. A unique violation (a rival's insert after our snapshot)
+    rolls the whole statement back."""
     delivery = _parameter("delivery", Delivery.id.type)
     now = _parameter("now", Delivery.updated_at.type)
     new_task = select(
@@ -149,21 +184,6 @@ def _claim_and_insert() -> _Statement:
         )
     ).cte("new_task")
     workspace_id = WebhookSource.workspace_id
-    plain_case = and_(
-        Delivery.created_task_id.is_(None),
-        Delivery.draft_title.is_not(None),
-        Delivery.external_id.is_not(None),
-        ~Delivery.external_id.regexp_match(sql_constant(_BLANK)),
-        func.char_length(Delivery.draft_title) <= _number(MAX_TITLE_LENGTH),
-        func.coalesce(func.char_length(Delivery.draft_description), _number(0))
-        <= _number(MAX_DESCRIPTION_LENGTH),
-        func.char_length(Delivery.draft_remote_key) <= _number(MAX_REMOTE_KEY_LENGTH),
-        cast(WebhookSource.create_events, JSONB).has_key(Delivery.event),
-        ~exists().where(*holds_identity(workspace_id, Delivery.external_id)),
-        intake_step_query(workspace_id)
-        .with_only_columns(WorkflowStep.wip_limit.is_(None))
-        .scalar_subquery(),
-    )
     claimed = (
         claim_statement(
             delivery_pk=delivery,
@@ -173,7 +193,7 @@ def _claim_and_insert() -> _Statement:
         )
         .values(
             created_task_id=case(
-                (plain_case, select(new_task.c.id).scalar_subquery()),
+                (plain_case("postgresql"), select(new_task.c.id).scalar_subquery()),
                 else_=Delivery.created_task_id,
             )
         )
@@ -198,32 +218,16 @@ def _claim_and_insert() -> _Statement:
     )
     number = allocate_identifier(plain.c.workspace_id).cte("number")
     inserted = (
-        insert(Task)
-        .from_select(
-            [
-                Task.id,
-                Task.workspace_id,
-                Task.identifier,
-                Task.title,
-                Task.description,
-                Task.step_id,
-                Task.external_id,
-                Task.created_by_delivery,
-                Task.created_at,
-                Task.updated_at,
-            ],
-            select(
-                plain.c.created_task_id,
-                plain.c.workspace_id,
-                number.c.identifier,
-                plain.c.draft_title,
-                plain.c.draft_description,
-                intake.c.id,
-                plain.c.external_id,
-                delivery,
-                now,
-                now,
-            ),
+        insert_task_statement(
+            task_id=plain.c.created_task_id,
+            workspace_id=plain.c.workspace_id,
+            identifier=number.c.identifier,
+            title=plain.c.draft_title,
+            description=plain.c.draft_description,
+            step_id=intake.c.id,
+            external_id=plain.c.external_id,
+            created_by_delivery=delivery,
+            now=now,
         )
         .returning(Task.id, Task.identifier)
         .cte("inserted")
@@ -270,31 +274,15 @@ def _settle_and_finish() -> _Statement:
         .returning(Task.workspace_id)
         .cte("settled")
     )
-    stream = advance_stream(
-        postgresql.insert(EventStream).from_select(
-            [EventStream.workspace_id, EventStream.last_position],
-            select(settled.c.workspace_id, _number(1)),
-        )
-    ).cte("stream")
+    stream = advance_stream("postgresql", settled.c.workspace_id).cte("stream")
     event = (
-        insert(TaskEvent)
-        .from_select(
-            [
-                TaskEvent.workspace_id,
-                TaskEvent.position,
-                TaskEvent.type,
-                TaskEvent.task_id,
-                TaskEvent.external_id,
-                TaskEvent.occurred_at,
-            ],
-            select(
-                stream.c.workspace_id,
-                stream.c.last_position,
-                sql_constant(EventType.CREATED.value),
-                task,
-                external_id,
-                now,
-            ),
+        event_statement(
+            workspace_id=stream.c.workspace_id,
+            position=stream.c.last_position,
+            type=sql_constant(EventType.CREATED.value),
+            task_id=task,
+            external_id=external_id,
+            occurred_at=now,
         )
         .returning(literal_column("1"))
         .cte("event")
@@ -476,28 +464,25 @@ def _sqlite_statements() -> _SQLiteStatements:
         ).returning(
             Delivery.attempts,
             Delivery.retries,
-            Delivery.created_task_id,
-            Delivery.event,
-            Delivery.source_id,
             Delivery.external_id,
             Delivery.draft_title,
             Delivery.draft_description,
             Delivery.draft_url,
             Delivery.draft_remote_key,
         ),
-        # Step 3's lookup and the intake step, read inside the claim's write
-        # transaction: no other writer can change them before the insert.
+        # The plain case, step 3's lookup in it, and what its insert needs, read
+        # inside the claim's write transaction: no other writer can change
+        # them before the insert.
         case_facts=select(
+            plain_case("sqlite").label("plain"),
             WebhookSource.workspace_id,
             WebhookSource.provider,
-            WebhookSource.create_events,
-            exists().where(*holds_identity(WebhookSource.workspace_id, external_id)).label("held"),
             intake.with_only_columns(WorkflowStep.id).scalar_subquery().label("intake_id"),
-            intake.with_only_columns(WorkflowStep.wip_limit).scalar_subquery().label("wip_limit"),
-        ).where(WebhookSource.id == _parameter("source", WebhookSource.id.type)),
+        )
+        .join_from(Delivery, WebhookSource, WebhookSource.id == Delivery.source_id)
+        .where(Delivery.id == _parameter("delivery", Delivery.id.type)),
         identifier=allocate_identifier(workspace),
-        insert_task=insert(Task)
-        .values(
+        insert_task=insert_task_statement(
             workspace_id=workspace,
             identifier=_parameter("new_identifier", Task.identifier.type),
             title=_parameter("new_title", Task.title.type),
@@ -505,10 +490,8 @@ def _sqlite_statements() -> _SQLiteStatements:
             step_id=_parameter("step", Task.step_id.type),
             external_id=external_id,
             created_by_delivery=_parameter("delivery", Task.created_by_delivery.type),
-            created_at=now,
-            updated_at=now,
-        )
-        .returning(Task.id),
+            now=now,
+        ).returning(Task.id),
         # The fence (docs/contract.md, "Fencing the create"), as
         # models.inbox.fence_create writes it on the general path.
         mark_created=fenced.values(created_task_id=task, updated_at=now),
@@ -523,10 +506,8 @@ def _sqlite_statements() -> _SQLiteStatements:
         settle=settle_statement(task_id=task, external_id=external_id, now=now).returning(
             Task.workspace_id
         ),
-        stream=advance_stream(
-            sqlite.insert(EventStream).values(workspace_id=workspace, last_position=1)
-        ),
-        event=insert(TaskEvent).values(
+        stream=advance_stream("sqlite", workspace),
+        event=event_statement(
             workspace_id=workspace,
             position=_parameter("event_position", TaskEvent.position.type),
             type=EventType.CREATED.value,
@@ -544,46 +525,6 @@ def _sqlite_statements() -> _SQLiteStatements:
             )
         ),
     )
-
-
-def _sqlite_plain_draft(claimed, facts) -> NewTask | None:
-    """The task to insert when the claimed row is the plain case (the
-    conditions PostgreSQL's claim states in SQL, checked by the same rules);
-    None for anything else, which the general path takes."""
-    if (
-        claimed.created_task_id is not None
-        or claimed.draft_title is None
-        or claimed.external_id is None
-        or claimed.draft_url is None
-        or claimed.draft_remote_key is None
-        or facts is None
-        or claimed.event not in facts.create_events
-        or facts.held
-        or facts.intake_id is None
-        # A WIP count needs the workspace serialized before it; the general
-        # path's admission does that.
-        or facts.wip_limit is not None
-    ):
-        return None
-    try:
-        external_id = normalize_external_id(claimed.external_id)
-        new = validated_new_task(
-            NewTask(
-                title=claimed.draft_title,
-                description=claimed.draft_description,
-                external_id=external_id,
-                source=SourceLink(
-                    provider=facts.provider,
-                    url=claimed.draft_url,
-                    remote_key=claimed.draft_remote_key,
-                ),
-            )
-        )
-    except (InvalidExternalId, InvalidTask):
-        return None  # kept by an older ingress: the general path says why
-    if external_id != claimed.external_id or new.title != claimed.draft_title:
-        return None  # stored as the task store would not keep it
-    return new
 
 
 class SQLiteFastPath:
@@ -649,15 +590,9 @@ class SQLiteFastPath:
             return None
         lease = Lease(delivery_pk, claimed.attempts, claimed.retries)
         # 3. the lookup, before any allocation (docs/contract.md, "The
-        #    create sequence"); no draft, no lookup.
-        facts = None
-        if claimed.external_id is not None:
-            facts = connection.execute(
-                sql.case_facts,
-                {"source": claimed.source_id, "identity": claimed.external_id},
-            ).one_or_none()
-        new = _sqlite_plain_draft(claimed, facts)
-        if new is None:
+        #    create sequence"), in the plain case's facts.
+        facts = connection.execute(sql.case_facts, {"delivery": delivery_pk}).one()
+        if not facts.plain:
             return Claimed(lease)  # the lease alone commits
         # 5. identifier, insert, and the fence in the insert's transaction.
         identifier = connection.execute(
@@ -668,10 +603,10 @@ class SQLiteFastPath:
             {
                 "workspace": facts.workspace_id,
                 "new_identifier": identifier,
-                "new_title": new.title,
-                "new_description": new.description,
+                "new_title": claimed.draft_title,
+                "new_description": claimed.draft_description,
                 "step": facts.intake_id,
-                "identity": new.external_id,
+                "identity": claimed.external_id,
                 "delivery": delivery_pk,
                 "now": now,
             },
@@ -688,10 +623,13 @@ class SQLiteFastPath:
             id=task_id,
             workspace_id=facts.workspace_id,
             identifier=identifier,
-            external_id=new.external_id,
+            external_id=claimed.external_id,
             created_by_delivery=delivery_pk,
         )
-        return Claimed(lease, Inserted(task, new.source))
+        source = SourceLink(
+            provider=facts.provider, url=claimed.draft_url, remote_key=claimed.draft_remote_key
+        )
+        return Claimed(lease, Inserted(task, source))
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """As :meth:`FastPath.settle_and_finish`: steps 6 and 7, the event and

@@ -36,6 +36,7 @@ from models.errors import (
 from models.events import EventType, append_created_if_missing, append_event
 from models.external_id import normalize_external_id
 from models.integrity import violated_unique_index
+from models.statements import insert_from_values
 from models.tables import (
     EXTERNAL_ID_INDEX,
     Base,
@@ -219,17 +220,19 @@ def _look_up_then_insert(
             identifier = _allocate_identifier(session, workspace)
             step = _admit_to_intake_step(session, workspace)
             stage = _Stage.INSERT
-            task = Task(
-                workspace_id=workspace.id,
-                identifier=identifier,
-                title=valid.title,
-                description=valid.description,
-                step_id=step.id,
-                external_id=external_id,
-                created_by_delivery=new.created_by_delivery,
-            )
-            session.add(task)
-            session.flush()
+            now = utcnow()
+            task = session.scalars(
+                insert_task_statement(
+                    workspace_id=workspace.id,
+                    identifier=identifier,
+                    title=valid.title,
+                    description=valid.description,
+                    step_id=step.id,
+                    external_id=external_id,
+                    created_by_delivery=new.created_by_delivery,
+                    now=now,
+                ).returning(Task)
+            ).one()
             if fence is not None:
                 fence(session, task)
         return task
@@ -374,6 +377,37 @@ def allocate_identifier(workspace_id):
             ).label("identifier")
         )
     )
+
+
+def insert_task_statement(
+    *,
+    workspace_id,
+    identifier,
+    title,
+    description,
+    step_id,
+    external_id,
+    created_by_delivery,
+    now,
+    task_id=None,
+):
+    """Step 5's insert: the task row, unsettled. ``task_id`` is the id when the
+    caller drew it beforehand (PostgreSQL's fast path records it on the
+    delivery in the same statement); by default the table's own."""
+    values = {
+        Task.workspace_id: workspace_id,
+        Task.identifier: identifier,
+        Task.title: title,
+        Task.description: description,
+        Task.step_id: step_id,
+        Task.external_id: external_id,
+        Task.created_by_delivery: created_by_delivery,
+        Task.created_at: now,
+        Task.updated_at: now,
+    }
+    if task_id is not None:
+        values = {Task.id: task_id, **values}
+    return insert_from_values(Task, values)
 
 
 def intake_step_query(workspace_id):

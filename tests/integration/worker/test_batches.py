@@ -11,7 +11,6 @@ alone, and the answers are the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
 import pytest
 from sqlalchemy import event, false, update
@@ -199,17 +198,15 @@ def test_a_mixed_message_answers_each_key_as_it_would_be_answered_alone(store: S
 
 
 @pytest.fixture
-def blind_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+def blind_lookup(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """SQLite's fast lookup misses every holder, as a lookup that lost a race
     to a rival's insert would: only the unique index finds it."""
-    statements = fastpath._sqlite_statements()
-    facts = statements.case_facts
-    blind = facts.with_only_columns(
-        *(false().label("held") if c.name == "held" else c for c in facts.selected_columns)
-    )
-    monkeypatch.setattr(
-        fastpath, "_sqlite_statements", lambda: replace(statements, case_facts=blind)
-    )
+    holds = fastpath.holds_identity
+    monkeypatch.setattr(fastpath, "holds_identity", lambda *held: (*holds(*held), false()))
+    fastpath._sqlite_statements.cache_clear()
+    yield
+    monkeypatch.undo()
+    fastpath._sqlite_statements.cache_clear()
 
 
 def test_a_key_that_loses_the_race_in_the_claims_sends_each_key_alone(
