@@ -37,13 +37,13 @@ from collections.abc import Callable, Mapping
 
 ENVIRONMENT_VARIABLE = "TASKHOOK_FAILPOINT"
 
-#: The lookup by external id missed; nothing is written yet (``CreateHooks.after_lookup``).
+#: The lookup by external id missed; nothing is written yet (``Seams.after_lookup``).
 #: A pause here widens the race between the lookup and the insert, so that a
 #: concurrent create takes the insert's unique-index backstop. PostgreSQL's
 #: fast path looks up and inserts in one statement, with no point between
 #: them: a worker with this fail point armed takes the general path.
 AFTER_LOOKUP = "after_lookup"
-#: The task row's insert has committed; the create has not settled (``CreateHooks.after_insert``).
+#: The task row's insert has committed; the create has not settled (``Seams.after_insert``).
 AFTER_INSERT = "after_insert"
 #: About to settle: the source link and the settle UPDATE come next. Reached by a
 #: first create (right after AFTER_INSERT) and by a redelivery finishing its own create.

@@ -18,7 +18,6 @@ from celery.exceptions import SoftTimeLimitExceeded
 from models.db import session_scope
 from models.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
 from worker import processing, runtime, sweeper
-from worker.failpoints import BEFORE_ACK, failpoint
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
     # The message's own count; the budget is the row's (deliveries.retries),
     # which the sweeper's message for a dead worker's delivery does not reset.
     processed = _process(int(delivery_pk), retries=self.request.retries or 0)
-    failpoint(BEFORE_ACK, delivery=int(delivery_pk))
+    processing.FAILPOINTS.before_ack(int(delivery_pk))
     if processed.retry_in is not None:
         # Sent after the deferral committed; the lease holds until it is due.
         raise self.retry(countdown=processed.retry_in)
@@ -82,7 +81,7 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
         recorded[processed.status.value if processed.status else "not_recorded"] += 1
         # This row's state has committed and the message is not acknowledged
         # yet, whatever follows: the same crash point as PROCESS_DELIVERY's.
-        failpoint(BEFORE_ACK, delivery=pk)
+        processing.FAILPOINTS.before_ack(pk)
     if failure is not None:
         raise failure
     return dict(recorded)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, text
 
 #: Reasons a delivery may end ``dead`` with when a scenario feeds it bad input:
-#: the same body would fail the same way again (worker/processing.py).
+#: the same body would fail the same way again (worker/processing/attempt.py).
 BAD_INPUT_REASONS = ("cannot become a task:", "unsupported payload:")
 
 

@@ -14,10 +14,9 @@ from models.db import session_scope
 from models.inbox import replay
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
-from models.tasks import CreateHooks
 from tests.conftest import Store
 from tests.integration.worker.feeds import delivery, store_fixture, tasks_of
-from worker.processing import Processed, process_delivery
+from worker.processing import Processed, Seams, process_delivery
 
 SETTINGS = Settings(
     task_time_limit_seconds=10,
@@ -56,7 +55,7 @@ def crashed_create(store: Store, feed, name: str = "jira_issue_created__cloud") 
     """A delivery whose worker died between the task insert and the settle."""
     pk = store_fixture(store.sessions, feed, "jira", name)
     with pytest.raises(Crash):
-        run(store, pk, hooks=CreateHooks(after_insert=crash_after_insert))
+        run(store, pk, seams=Seams(after_insert=crash_after_insert))
     (task,) = tasks_of(store.sessions, feed.workspace_id)
     assert (task.created_by_delivery, task.external_id_settled_at) == (pk, None)
     assert delivery(store.sessions, pk).status == "processing"

@@ -21,7 +21,7 @@ from models.access import Caller
 from models.db import session_scope
 from models.inbox import DeliveryStatus, claim
 from models.tables import Delivery, Task
-from models.tasks import CreateHooks, NewTask, SourceLink, create_task, delete_task
+from models.tasks import NewTask, SourceLink, create_task, delete_task
 from tests.conftest import TRUSTED, Store
 from tests.integration.worker.feeds import (
     Feed,
@@ -34,7 +34,7 @@ from tests.integration.worker.feeds import (
 from tests.integration.worker.runs import SETTINGS, Crash, expire_lease, run
 from worker import failpoints, processing, runtime
 from worker.failpoints import AFTER_INSERT, AFTER_SETTLE, BEFORE_ACK, BEFORE_SETTLE
-from worker.processing import Processed, process_deliveries
+from worker.processing import Processed, Seams, process_deliveries
 
 #: Lost attempts before a delivery is parked (``park_lost``), low enough to reach.
 MAX_LOST = 2
@@ -271,9 +271,9 @@ def test_a_key_changed_between_the_insert_and_the_settlement_answers_as_alone(
         if task.created_by_delivery in (pks[1], alone_pk):
             meanwhile(store, task)
 
-    hooks = CreateHooks(after_insert=for_the_middle_key)
-    first, middle, last = run_message(store, pks, hooks=hooks)
-    alone = run(store, alone_pk, settings=BATCH_SETTINGS, hooks=hooks)
+    seams = Seams(after_insert=for_the_middle_key)
+    first, middle, last = run_message(store, pks, seams=seams)
+    alone = run(store, alone_pk, settings=BATCH_SETTINGS, seams=seams)
 
     # The same answer, but for the task's identifier (ACME-2 here, BETA-1 there).
     assert answer(middle)[:2] == answer(alone)[:2]
@@ -362,17 +362,18 @@ def test_an_error_in_one_keys_claim_holds_up_no_other_key(
     queued for the sweeper."""
     feed = make_feed(store.sessions)
     broken, fine = (store_github_issue(store.sessions, feed, n) for n in (1, 2))
-    claim_one, claim_sqlite = processing._claim, fastpath.SQLiteFastPath._claim_and_insert
+    claim_one, claim_sqlite = processing.fast.claim_alone, fastpath.SQLiteFastPath._claim_and_insert
 
     def failing_for_one(claim_it):
         def claim(*args, **kwargs):
-            if broken in args or kwargs.get("delivery_pk") == broken:
+            run = args[0] if isinstance(args[0], processing.attempt.Run) else None
+            if broken in args or (run is not None and run.delivery_pk == broken):
                 raise RuntimeError("the pool is gone")
             return claim_it(*args, **kwargs)
 
         return claim
 
-    monkeypatch.setattr(processing, "_claim", failing_for_one(claim_one))
+    monkeypatch.setattr(processing.fast, "claim_alone", failing_for_one(claim_one))
     monkeypatch.setattr(fastpath.SQLiteFastPath, "_claim_and_insert", failing_for_one(claim_sqlite))
 
     with pytest.raises(RuntimeError, match="the pool is gone"):

@@ -26,7 +26,6 @@ from models.tasks import (
     MAX_DESCRIPTION_LENGTH,
     MAX_REMOTE_KEY_LENGTH,
     MAX_TITLE_LENGTH,
-    CreateHooks,
     NewTask,
     SourceLink,
     create_task,
@@ -36,6 +35,7 @@ from tests.e2e.conftest import wait_until
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.integration.worker.runs import expire_lease, run
 from worker import processing
+from worker.processing import Seams
 
 RIVAL_SOURCE = SourceLink(provider="jira", url="https://rival.example/TES-41", remote_key="TES-41")
 
@@ -49,7 +49,7 @@ def general_creates(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         creates.append(kwargs["new"].created_by_delivery)
         return create_task(**kwargs)
 
-    monkeypatch.setattr(processing, "create_task", counting)
+    monkeypatch.setattr(processing.general, "create_task", counting)
     return creates
 
 
@@ -136,7 +136,7 @@ def test_a_rival_that_wins_the_race_after_the_lookup_is_found_by_the_backstop(
             rival_creates_it()
 
     with caplog.at_level(logging.INFO, logger="worker.processing"):
-        processed = run(store, pk, hooks=CreateHooks(after_lookup=once))
+        processed = run(store, pk, seams=Seams(after_lookup=once))
 
     (task,) = tasks_of(store.sessions, feed.workspace_id)
     assert task.title == "rival"
@@ -161,7 +161,7 @@ def test_a_release_between_the_insert_and_the_settlement_is_created_identity_los
                 .values(external_id=None, external_id_settled_at=None)
             )
 
-    processed = run(store, pk, hooks=CreateHooks(after_insert=operator_releases))
+    processed = run(store, pk, seams=Seams(after_insert=operator_releases))
 
     (task,) = tasks_of(store.sessions, feed.workspace_id)
     assert (processed.status, processed.outcome) == (DeliveryStatus.DONE, "created_identity_lost")
@@ -180,7 +180,7 @@ def test_a_delivery_taken_over_after_it_settled_keeps_the_newer_attempts_record(
                 update(Delivery).where(Delivery.id == pk).values(attempts=Delivery.attempts + 1)
             )
 
-    stale = run(store, pk, hooks=CreateHooks(after_insert=a_newer_attempt_claims_it))
+    stale = run(store, pk, seams=Seams(after_insert=a_newer_attempt_claims_it))
 
     assert stale.status is None and "taken over" in stale.reason
     (task,) = tasks_of(store.sessions, feed.workspace_id)
@@ -214,9 +214,7 @@ def test_a_connection_lost_mid_delivery_is_retried_and_not_reused(fast_path_stor
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
 
-    retried = run(
-        store, pk, hooks=CreateHooks(after_insert=the_server_drops_every_other_connection)
-    )
+    retried = run(store, pk, seams=Seams(after_insert=the_server_drops_every_other_connection))
 
     assert retried.status is DeliveryStatus.PROCESSING and retried.retry_in is not None
     row = delivery(store.sessions, pk)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from models.db import session_scope
 from models.inbox import DeliveryStatus, claim
-from models.tasks import CreateHooks
 from tests.conftest import Store
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.integration.worker.runs import (
@@ -24,6 +23,7 @@ from tests.integration.worker.runs import (
     replay_delivery,
     run,
 )
+from worker.processing import Seams
 
 LIMIT = 3
 SETTINGS_WITH_LIMIT = SETTINGS.model_copy(
@@ -77,7 +77,7 @@ def test_a_wait_for_a_retry_is_an_answer_not_a_lost_attempt(store: Store):
             store,
             pk,
             settings=SETTINGS_WITH_LIMIT,
-            hooks=CreateHooks(after_lookup=database_goes_away),
+            seams=Seams(after_lookup=database_goes_away),
         )
         assert waited.status is DeliveryStatus.PROCESSING and waited.retry_in is not None
         expire_lease(store, pk)

@@ -22,7 +22,7 @@ from models.inbox import DeliveryStatus, sweepable
 from models.providers import PROVIDERS
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
-from models.tasks import CreateHooks, delete_task, release_external_id
+from models.tasks import delete_task, release_external_id
 from tests.conftest import TRUSTED, Store
 from tests.deliveries import fixture
 from tests.integration.worker.feeds import (
@@ -42,7 +42,7 @@ from tests.integration.worker.runs import (
     replay_delivery,
     run,
 )
-from worker.processing import Processed, backoff_seconds, next_retry
+from worker.processing import Processed, Seams, backoff_seconds, next_retry
 from worker.sweeper import sweep
 
 # --- what a delivery becomes -------------------------------------------------------
@@ -256,9 +256,7 @@ def test_a_stale_attempt_cannot_overwrite_the_attempt_that_took_over(store: Stor
         expire_lease(store, pk)
         newer.append(run(store, pk))
 
-    stale = run(
-        store, pk, hooks=CreateHooks(after_insert=lease_runs_out_and_a_redelivery_takes_over)
-    )
+    stale = run(store, pk, seams=Seams(after_insert=lease_runs_out_and_a_redelivery_takes_over))
 
     assert (newer[0].status, newer[0].outcome) == (DeliveryStatus.DONE, "created")
     assert stale.status is None and "taken over" in stale.reason
@@ -277,7 +275,7 @@ def test_a_task_deleted_before_it_settled_parks_the_delivery(store: Store):
         with session_scope(store.sessions) as session:
             session.execute(delete(Task).where(Task.id == task.id))
 
-    processed = run(store, pk, hooks=CreateHooks(after_insert=someone_deletes_it))
+    processed = run(store, pk, seams=Seams(after_insert=someone_deletes_it))
 
     assert processed.status is DeliveryStatus.NEEDS_OPERATOR
     assert "deleted before its creation settled" in delivery(store.sessions, pk).status_reason
@@ -338,7 +336,7 @@ def test_a_stale_attempt_resuming_after_its_lookup_inserts_nothing(store: Store)
     stale = run(
         store,
         pk,
-        hooks=CreateHooks(after_lookup=lease_runs_out_a_redelivery_creates_and_the_task_is_deleted),
+        seams=Seams(after_lookup=lease_runs_out_a_redelivery_creates_and_the_task_is_deleted),
     )
 
     assert (newer[0].status, newer[0].outcome) == (DeliveryStatus.DONE, "created")
@@ -436,9 +434,9 @@ def test_a_kept_draft_naming_a_blank_identity_is_dead_too_the_fast_paths_sql_ref
 def test_a_database_error_is_retried_then_the_delivery_is_dead_with_the_error(store: Store):
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
-    failing = CreateHooks(after_lookup=database_goes_away)
+    failing = Seams(after_lookup=database_goes_away)
 
-    retried = run(store, pk, hooks=failing, retries=0)
+    retried = run(store, pk, seams=failing, retries=0)
 
     assert retried.status is DeliveryStatus.PROCESSING and retried.retry_in is not None
     row = delivery(store.sessions, pk)
@@ -446,7 +444,7 @@ def test_a_database_error_is_retried_then_the_delivery_is_dead_with_the_error(st
     assert row.lease_expires_at > utcnow()
 
     expire_lease(store, pk)
-    dead = run(store, pk, hooks=failing, retries=SETTINGS.database_max_retries)
+    dead = run(store, pk, seams=failing, retries=SETTINGS.database_max_retries)
 
     assert dead.status is DeliveryStatus.DEAD
     row = delivery(store.sessions, pk)
@@ -462,7 +460,7 @@ def test_an_unexpected_error_is_dead_not_a_loop(store: Store):
     def bug() -> None:
         raise RuntimeError("boom")
 
-    processed = run(store, pk, hooks=CreateHooks(after_lookup=bug))
+    processed = run(store, pk, seams=Seams(after_lookup=bug))
 
     assert processed.status is DeliveryStatus.DEAD
     assert delivery(store.sessions, pk).last_error == "RuntimeError: boom"

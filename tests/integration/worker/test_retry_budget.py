@@ -16,7 +16,6 @@ from sqlalchemy import update
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.tables import Delivery, Task
-from models.tasks import CreateHooks
 from tests.conftest import Store
 from tests.deliveries import fixture
 from tests.integration.worker.feeds import (
@@ -34,6 +33,7 @@ from tests.integration.worker.runs import (
     replay_delivery,
     run,
 )
+from worker.processing import Seams
 from worker.sweeper import sweep
 
 
@@ -57,7 +57,7 @@ def test_each_retry_is_counted_on_the_row(store: Store):
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
 
-    retried = run(store, pk, hooks=CreateHooks(after_lookup=database_goes_away), retries=0)
+    retried = run(store, pk, seams=Seams(after_lookup=database_goes_away), retries=0)
 
     assert retried.status is DeliveryStatus.PROCESSING and retried.retry_in is not None
     assert "retry 1 of 2" in retried.reason
@@ -67,13 +67,13 @@ def test_each_retry_is_counted_on_the_row(store: Store):
 def test_messages_resent_after_crashes_spend_one_budget_not_one_each(store: Store):
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
-    failing = CreateHooks(after_lookup=database_goes_away)
+    failing = Seams(after_lookup=database_goes_away)
 
-    first = run(store, pk, hooks=failing, retries=0)
+    first = run(store, pk, seams=failing, retries=0)
     assert the_worker_dies_before_sending_its_retry(store, pk) == [pk]
-    second = run(store, pk, hooks=failing, retries=0)  # the sweeper's message
+    second = run(store, pk, seams=failing, retries=0)  # the sweeper's message
     assert the_worker_dies_before_sending_its_retry(store, pk) == [pk]
-    third = run(store, pk, hooks=failing, retries=0)
+    third = run(store, pk, seams=failing, retries=0)
 
     assert "retry 1 of 2" in first.reason and "retry 2 of 2" in second.reason
     assert (third.status, third.retry_in) == (DeliveryStatus.DEAD, None)
@@ -92,9 +92,7 @@ def test_a_spent_budget_on_the_row_ends_a_fresh_message_on_either_executor(store
     def database_goes_away_after_the_insert(_task: Task) -> None:
         database_goes_away()
 
-    dead = run(
-        store, pk, hooks=CreateHooks(after_insert=database_goes_away_after_the_insert), retries=0
-    )
+    dead = run(store, pk, seams=Seams(after_insert=database_goes_away_after_the_insert), retries=0)
 
     assert (dead.status, dead.retry_in) == (DeliveryStatus.DEAD, None)
     row = delivery(store.sessions, pk)
@@ -124,11 +122,11 @@ def test_a_replay_starts_a_fresh_budget(store: Store):
     feed = make_feed(store.sessions)
     pk = store_fixture(store.sessions, feed, "github", "issues__opened")
     spend(store, pk, SETTINGS.database_max_retries)
-    failing = CreateHooks(after_lookup=database_goes_away)
-    assert run(store, pk, hooks=failing).status is DeliveryStatus.DEAD
+    failing = Seams(after_lookup=database_goes_away)
+    assert run(store, pk, seams=failing).status is DeliveryStatus.DEAD
 
     replay_delivery(store, pk)  # the operator fixed the database
     assert delivery(store.sessions, pk).retries == 0
-    retried = run(store, pk, hooks=failing)
+    retried = run(store, pk, seams=failing)
 
     assert retried.status is DeliveryStatus.PROCESSING and "retry 1 of 2" in retried.reason
