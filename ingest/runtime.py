@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -24,15 +24,13 @@ from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
 from models.db import session_scope
 from models.inbox import (
-    DeliveryStatus,
+    InboxStep,
     IncomingDelivery,
     Recorded,
-    delivery_values,
-    kept_apart,
-    kept_apart_recorded,
+    next_step,
     postgresql_inbox_sql,
     record_delivery,
-    stored_duplicate,
+    recording_steps,
 )
 from models.settings import Settings
 from models.sources import VerifyingSource, verifying_source
@@ -73,9 +71,11 @@ class IngressRuntime:
         (``fingerprint``), among its last ``_RECENT_DELIVERIES``.
 
         Such a redelivery is a duplicate whatever the database would say:
-        the row was committed before it was remembered, and inbox rows are
-        never deleted. A body that differs is not answered from here, so the
-        database counts the mismatch.
+        the row was committed before it was remembered, so the delivery was
+        taken, even should the retention policy have deleted its row since
+        (months after it finished: ``models.retention``). A body that
+        differs is not answered from here, so the database counts the
+        mismatch.
         """
         return self._recent.get((source_id, delivery_id)) == fingerprint
 
@@ -242,26 +242,23 @@ async def _record_async(
     connection: psycopg.AsyncConnection, incoming: IncomingDelivery
 ) -> Recorded:
     """``models.inbox.record_delivery`` on a psycopg connection in autocommit
-    mode: the same statements (``postgresql_inbox_sql``), the same answers."""
+    mode: the same statements (``postgresql_inbox_sql``), run in the order
+    the same decision takes (``recording_steps``), so the same answers."""
     sql = postgresql_inbox_sql()
-
-    def parameters(delivery: IncomingDelivery) -> dict[str, object]:
-        values = delivery_values(delivery)
-        values["headers"] = Json(values["headers"])
-        return values
-
+    steps = recording_steps(incoming)
     async with connection.cursor() as cursor:
-        await cursor.execute(sql.insert, parameters(incoming))
-        inserted = await cursor.fetchone()
-        if inserted is not None:
-            return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
-        await cursor.execute(sql.stored, parameters(incoming))
-        stored = stored_duplicate(incoming, *await cursor.fetchone())
-        if not stored.payload_mismatch:
-            return stored
-        await cursor.execute(sql.count_mismatch, {"pk": stored.pk})
-        await cursor.execute(sql.insert, parameters(kept_apart(incoming, stored)))
-        return kept_apart_recorded(stored, await cursor.fetchone())
+        outcome = next_step(steps, None)
+        while isinstance(outcome, InboxStep):
+            await cursor.execute(sql.of(outcome.statement), _psycopg_parameters(outcome))
+            outcome = next_step(steps, await cursor.fetchone() if outcome.reads_row else None)
+        return outcome
+
+
+def _psycopg_parameters(step: InboxStep) -> Mapping[str, object]:
+    if "headers" not in step.parameters:
+        return step.parameters
+    # psycopg adapts a dict only when told it is JSON.
+    return {**step.parameters, "headers": Json(step.parameters["headers"])}
 
 
 def postgres_conninfo(runtime: IngressRuntime) -> str | None:

@@ -18,7 +18,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -37,7 +37,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session
+from sqlalchemy.sql import Executable
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
 from models.tables import Delivery, Task, WebhookSource, sql_constant, utcnow
@@ -150,31 +152,97 @@ def record_delivery(*, session: Session | Connection, incoming: IncomingDelivery
       its own record (:func:`kept_apart`): processed when it is a create and
       the stored row made no task, else a :attr:`~DeliveryStatus.MISMATCH`.
       A body resent under an id cannot make a genuine create disappear.
+
+    Which statement runs next is decided by :func:`recording_steps`; this is
+    its driver on a session or a connection, and ``ingest.runtime`` has the
+    one on the event loop's psycopg connections.
     """
-    # The ingress's hot path: one statement, built once per dialect (see
+    # The ingress's hot path: each statement built once per dialect (see
     # _insert_statement), with the row's values as parameters.
     # A Connection too: the ingress's SQLite path writes without an ORM
     # session, whose bookkeeping costs CPU on every delivery (ingest.runtime).
     bind = session.get_bind() if isinstance(session, Session) else session
-    insert = _insert_statement(bind.dialect.name)
+    statements = _inbox_statements(bind.dialect.name)
+    steps = recording_steps(incoming)
+    outcome = next_step(steps, None)
+    while isinstance(outcome, InboxStep):
+        result = session.execute(statements[outcome.statement], outcome.parameters)
+        outcome = next_step(steps, result.one_or_none() if outcome.reads_row else None)
+    return outcome
+
+
+class InboxStatement(enum.Enum):
+    """One of the statements that store a delivery; its value names its
+    :class:`InboxSQL` field."""
+
+    #: INSERT ... ON CONFLICT DO NOTHING RETURNING (id, status): no row when
+    #: the (source, delivery id) is stored already.
+    INSERT = "insert"
+    #: The stored row under (source, delivery id): (id, body_sha256, status, origin).
+    STORED = "stored"
+    #: One more payload mismatch on row ``pk``; returns no row.
+    COUNT_MISMATCH = "count_mismatch"
+
+
+@dataclass(frozen=True)
+class InboxStep:
+    """The statement to run next, with its parameters."""
+
+    statement: InboxStatement
+    parameters: Mapping[str, object]
+
+    @property
+    def reads_row(self) -> bool:
+        """Whether the statement answers with a row (or none), to be handed back."""
+        return self.statement is not InboxStatement.COUNT_MISMATCH
+
+
+#: :func:`recording_steps`: it yields the statement to run, is sent the row it
+#: returned (None: no row, or a statement that returns none), and returns
+#: what was recorded.
+RecordingSteps = Generator[InboxStep, Sequence[object] | None, Recorded]
+
+
+def recording_steps(incoming: IncomingDelivery) -> RecordingSteps:
+    """How ``incoming`` is stored once, decided without I/O: every driver
+    (``record_delivery``, the ingress's on the event loop) runs what this
+    yields and sends back its row, so a branch cannot be lost in one of them."""
     values = delivery_values(incoming)
-    inserted = session.execute(insert, values).one_or_none()
+    inserted = yield InboxStep(InboxStatement.INSERT, values)
     if inserted is not None:
-        return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
-    found = session.execute(_STORED_DELIVERY, values).one_or_none()
+        return _inserted(inserted)
+    found = yield InboxStep(InboxStatement.STORED, values)
     if found is None:
         # Deleted between the two statements (the retention policy deletes old
         # finished rows: models.retention), so the id is free again.
-        inserted = session.execute(insert, values).one_or_none()
+        inserted = yield InboxStep(InboxStatement.INSERT, values)
         if inserted is not None:
-            return Recorded(pk=inserted[0], is_new=True, status=DeliveryStatus(inserted[1]))
-        found = session.execute(_STORED_DELIVERY, values).one()
+            return _inserted(inserted)
+        found = yield InboxStep(InboxStatement.STORED, values)
+        if found is None:
+            raise NoResultFound(
+                f"delivery id {incoming.delivery_id!r} was stored, then gone, twice over"
+            )
     stored = stored_duplicate(incoming, *found)
     if not stored.payload_mismatch:
         return stored
-    session.execute(_COUNT_MISMATCH, {"pk": stored.pk})
-    apart = session.execute(insert, delivery_values(kept_apart(incoming, stored))).one_or_none()
+    yield InboxStep(InboxStatement.COUNT_MISMATCH, {"pk": stored.pk})
+    apart = yield InboxStep(InboxStatement.INSERT, delivery_values(kept_apart(incoming, stored)))
     return kept_apart_recorded(stored, apart)
+
+
+def next_step(steps: RecordingSteps, row: Sequence[object] | None) -> InboxStep | Recorded:
+    """Hand ``row``, what the previous step returned (None for the first), to
+    ``steps``: the next step to run, or what was recorded."""
+    try:
+        return steps.send(row)
+    except StopIteration as done:
+        return done.value
+
+
+def _inserted(row: Sequence[object]) -> Recorded:
+    pk, status = row
+    return Recorded(pk=pk, is_new=True, status=DeliveryStatus(status))
 
 
 def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
@@ -352,6 +420,15 @@ _COUNT_MISMATCH = (
 )
 
 
+@functools.cache
+def _inbox_statements(dialect: str) -> dict[InboxStatement, Executable]:
+    return {
+        InboxStatement.INSERT: _insert_statement(dialect),
+        InboxStatement.STORED: _STORED_DELIVERY,
+        InboxStatement.COUNT_MISMATCH: _COUNT_MISMATCH,
+    }
+
+
 @dataclass(frozen=True)
 class InboxSQL:
     """``record_delivery``'s statements as PostgreSQL text for psycopg, with
@@ -360,8 +437,9 @@ class InboxSQL:
 
     For the ingress's writer on the event loop, which runs them on a bare
     psycopg connection, without a session (ingest.runtime.AsyncInbox):
-    compiled from the very statements ``record_delivery`` executes, so the
-    two paths cannot drift apart. The ``headers`` value goes wrapped in
+    compiled from the very statements ``record_delivery`` executes, and run
+    in the order :func:`recording_steps` decides, so the two paths cannot
+    drift apart. The ``headers`` value goes wrapped in
     ``psycopg.types.json.Json``; everything else as it is.
     """
 
@@ -369,14 +447,19 @@ class InboxSQL:
     stored: str
     count_mismatch: str
 
+    def of(self, statement: InboxStatement) -> str:
+        return getattr(self, statement.value)
+
 
 @functools.cache
 def postgresql_inbox_sql() -> InboxSQL:
     dialect = postgresql.psycopg.dialect()
+    statements = _inbox_statements("postgresql")
     return InboxSQL(
-        insert=str(_insert_statement("postgresql").compile(dialect=dialect)),
-        stored=str(_STORED_DELIVERY.compile(dialect=dialect)),
-        count_mismatch=str(_COUNT_MISMATCH.compile(dialect=dialect)),
+        **{
+            statement.value: str(executable.compile(dialect=dialect))
+            for statement, executable in statements.items()
+        }
     )
 
 
