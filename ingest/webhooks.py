@@ -40,15 +40,34 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ingest.adapters import Refusal, check_delivery_id, incoming_delivery
 from ingest.runtime import IngressRuntime, StoreUnavailable
 from ingest.schemas import ErrorBody
+from models.errors import DeliveryRefused, RefusalKind
 from models.inbox import DeliveryStatus
+from models.intake import check_delivery_id, incoming_delivery, kept_header_names
 from models.providers import PROVIDERS, Provider, Verifier
 
-#: The request headers every provider's deliveries keep, besides the provider's
-#: own (``Provider.kept_headers``): never a signature or credentials.
-KEPT_HEADERS = ("content-type", "user-agent")
+#: Each refusal of the intake (``models.intake``) as the webhook routes answer
+#: it: the status, and the result the metrics count. The one place they meet.
+ANSWER_OF_REFUSAL: dict[RefusalKind, tuple[int, str]] = {
+    RefusalKind.MALFORMED: (400, "bad_request"),
+    RefusalKind.UNSUPPORTED_CONTENT_TYPE: (415, "unsupported_media_type"),
+    RefusalKind.TOO_OLD: (400, "too_old"),
+}
+
+
+class Refusal(Exception):
+    """A request the route will not take before the intake reads it (an
+    unknown source, a body too large, a bad signature, no delivery id), with
+    the status and the reason to answer."""
+
+    def __init__(self, status: int, reason: str, result: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        #: The metrics label: what happened to the delivery.
+        self.result = result
+
 
 _DUPLICATE = b'{"status":"duplicate"}'
 #: Results whose slug names no source we could read: never a metrics label.
@@ -63,9 +82,7 @@ class WebhookRoute:
     def __init__(self, provider: Provider) -> None:
         self.provider = provider
         #: The headers kept with a delivery, as raw names (see _kept_headers).
-        self.kept_raw = tuple(
-            name.encode("latin-1") for name in (*KEPT_HEADERS, *provider.kept_headers)
-        )
+        self.kept_raw = tuple(name.encode("latin-1") for name in kept_header_names(provider))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime: IngressRuntime = scope["app"].state.runtime
@@ -79,6 +96,8 @@ class WebhookRoute:
             )
         except Refusal as refusal:
             status, answer, result = refusal.status, _error(refusal.reason), refusal.result
+        except DeliveryRefused as refused:
+            (status, result), answer = ANSWER_OF_REFUSAL[refused.refusal], _error(str(refused))
         except StoreUnavailable:
             status, answer, result = 503, _STORE_UNAVAILABLE, "store_unavailable"
             retry_after = str(runtime.settings.retry_after_seconds).encode("latin-1")

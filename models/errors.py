@@ -3,9 +3,11 @@
 Every error is a :class:`TaskStoreError` and declares its :class:`ErrorKind`.
 Each surface maps the kind to its answer once -- REST (a status code,
 ``ingest.rest``), MCP (a tool error, ``ingest.mcp``), the CLI (a one-line
-refusal, ``worker.cli.runtime``) -- and none of them is a crash. The worker
-decides a delivery's ending by the class itself (``worker.processing``), so
-the classes stay as fine as its table needs.
+refusal, ``worker.cli.runtime``) -- and none of them is a crash. A refused
+delivery also says which :class:`RefusalKind` it is, which the webhook routes
+answer once (``ingest.webhooks``). The worker decides a delivery's ending by
+the class itself (``worker.processing``), so the classes stay as fine as its
+table needs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,20 @@ class ErrorKind(enum.Enum):
     #: The store's own setup is wrong (a workspace without workflow steps):
     #: not the caller's mistake, and only an operator can fix it.
     MISCONFIGURED = "misconfigured"
+
+
+class RefusalKind(enum.Enum):
+    """Why the intake (``models.intake``) refuses a delivery: finer than its
+    :class:`ErrorKind` (invalid, every one), so that the webhook routes
+    answer each kind once (``ingest.webhooks.ANSWER_OF_REFUSAL``)."""
+
+    #: The delivery cannot be read or kept as sent: a body the provider
+    #: cannot decode, no event, a delivery id or an event the row cannot hold.
+    MALFORMED = "malformed"
+    #: A content type the provider does not send, or one the row cannot hold.
+    UNSUPPORTED_CONTENT_TYPE = "unsupported_content_type"
+    #: Sent longer ago than any retry of its sender: a captured body, resent.
+    TOO_OLD = "too_old"
 
 
 class TaskStoreError(Exception):
@@ -162,6 +178,17 @@ class ExternalIdTooLong(InvalidExternalId):
 class ExternalIdNotText(InvalidExternalId):
     def __init__(self, kind: str) -> None:
         super().__init__(f"external_id must be a string of Unicode text (got {kind})")
+
+
+class DeliveryRefused(TaskStoreError, ValueError):
+    """A delivery the inbox will not take as sent, and why (``refusal``);
+    nothing is stored. Sent again unchanged, it is refused again."""
+
+    kind = ErrorKind.INVALID
+
+    def __init__(self, refusal: RefusalKind, reason: str) -> None:
+        super().__init__(reason)
+        self.refusal = refusal
 
 
 # --- conflict --------------------------------------------------------------------------

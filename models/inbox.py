@@ -116,7 +116,7 @@ class IncomingDelivery:
     #: The normalized external id the body names, if the ingress read one.
     external_id: str | None = None
     #: The task the body describes, validated, if the ingress read one the
-    #: worker can create as it stands (``ingest.adapters.read_delivery``).
+    #: worker can create as it stands (``models.intake.read_delivery``).
     task: NewTask | None = None
     #: How it reached the inbox (``models.tables.Delivery.origin``).
     origin: str = WEBHOOK_ORIGIN

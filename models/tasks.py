@@ -313,7 +313,7 @@ def validated_new_task(new: NewTask) -> NewTask:
     The one check of everything a create writes -- the title, the
     description and the source link (step 6) -- run by the create before its
     insert, and by the ingress on the task it keeps for the worker's fast
-    path (``ingest.adapters.read_delivery``), so the two cannot disagree
+    path (``models.intake.read_delivery``), so the two cannot disagree
     (docs/contract.md, "Validation and normalization"). Raises
     :class:`InvalidTask` naming the field and the rule it breaks: a title
     missing or over :data:`MAX_TITLE_LENGTH`, a description over

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from models.errors import (
     DeliveryNotFound,
+    DeliveryRefused,
     ExternalIdHasControlCharacter,
     ExternalIdNotText,
     ExternalIdTooLong,
@@ -20,6 +21,7 @@ from models.errors import (
     LeaseTakenOver,
     NotReplayable,
     OperationNotFound,
+    RefusalKind,
     SourceNotFound,
     TaskNotFound,
     TaskStoreError,
@@ -47,6 +49,7 @@ SAMPLES: dict[type[TaskStoreError], TaskStoreError] = {
     InvalidFilter: InvalidFilter("received_from must be before received_until"),
     InvalidOperation: InvalidOperation("a bulk replay needs a name"),
     InvalidExternalId: InvalidExternalId("external_id is required"),
+    DeliveryRefused: DeliveryRefused(RefusalKind.MALFORMED, "the delivery names no event"),
     ExternalIdHasControlCharacter: ExternalIdHasControlCharacter(1, 0x0A),
     ExternalIdTooLong: ExternalIdTooLong(300, 255),
     ExternalIdNotText: ExternalIdNotText("int"),

@@ -1,7 +1,8 @@
 """One error vocabulary: every domain error lives in ``models.errors`` with
 one kind, and each surface maps kinds to answers once -- REST
 (``ingest.rest.STATUS_OF_KIND``), MCP (``ingest.mcp.tool_errors``), the CLI
-(``worker.cli.runtime.TaskhookGroup``)."""
+(``worker.cli.runtime.TaskhookGroup``); and the webhook routes a refused
+delivery's kind (``ingest.webhooks.ANSWER_OF_REFUSAL``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 import models
 from ingest.mcp import tool_errors
 from ingest.rest import STATUS_OF_KIND
-from models.errors import ErrorKind, TaskNotFound, TaskStoreError, WorkspaceNotAccessible
+from ingest.webhooks import ANSWER_OF_REFUSAL
+from models.errors import (
+    ErrorKind,
+    RefusalKind,
+    TaskNotFound,
+    TaskStoreError,
+    WorkspaceNotAccessible,
+)
 from tests.domain_errors import SAMPLES
 from worker.cli.runtime import TaskhookGroup
 
@@ -68,6 +76,17 @@ def test_the_rest_table_answers_every_kind():
         ErrorKind.INVALID: 400,
         ErrorKind.CONFLICT: 409,
         ErrorKind.MISCONFIGURED: 503,
+    }
+
+
+def test_the_webhook_routes_answer_every_refusal_kind():
+    # The statuses the ingress answered before the refusals moved to the
+    # domain, and the metrics' results; each is pinned end to end by
+    # tests/integration/ingest and tests/reliability/test_08_bad_input.py.
+    assert ANSWER_OF_REFUSAL == {
+        RefusalKind.MALFORMED: (400, "bad_request"),
+        RefusalKind.UNSUPPORTED_CONTENT_TYPE: (415, "unsupported_media_type"),
+        RefusalKind.TOO_OLD: (400, "too_old"),
     }
 
 

@@ -13,7 +13,7 @@ The log: GitHub never redelivers a delivery that failed. A run lists the hook's 
 since the source's cursor, groups the attempts by ``guid`` (constant across
 redeliveries), and for every create delivery the inbox does not hold fetches
 what GitHub sent and stores it through the ingress's own reading
-(``ingest.adapters.incoming_delivery``) under its guid, marked ``catch-up``:
+(``models.intake.incoming_delivery``) under its guid, marked ``catch-up``:
 a later real redelivery of it is then a duplicate (``models.inbox``
 ``stored_duplicate``), and the task is created once, by the worker, as for
 any delivery. Recovered deliveries commit in small batches
@@ -49,8 +49,6 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from ingest.adapters import Refusal, incoming_delivery, read_delivery
-from ingest.webhooks import KEPT_HEADERS
 from models.catchup import (
     JiraSettings,
     LogSettings,
@@ -62,8 +60,9 @@ from models.catchup import (
     window_start,
 )
 from models.db import session_scope
-from models.errors import InvalidSource
+from models.errors import DeliveryRefused, InvalidSource
 from models.inbox import DeliveryStatus, IncomingDelivery, record_delivery
+from models.intake import incoming_delivery, kept_header_names, read_delivery
 from models.providers import PROVIDERS, Provider
 from models.sources import VerifyingSource, verifying_source
 from models.tables import CatchUpRun, utcnow
@@ -531,16 +530,14 @@ def _incoming(
             kept_headers=_kept(provider, headers),
             max_age_seconds=0,  # read from the provider's API, not replayed by a stranger
         )
-    except Refusal as refusal:
-        report.refused[found.delivery_id] = refusal.reason
+    except DeliveryRefused as refused:
+        report.refused[found.delivery_id] = str(refused)
         return None
     return incoming
 
 
 def _kept(provider: Provider, headers: Mapping[str, str]) -> dict[str, str]:
-    return {
-        name: headers[name] for name in (*KEPT_HEADERS, *provider.kept_headers) if name in headers
-    }
+    return {name: headers[name] for name in kept_header_names(provider) if name in headers}
 
 
 def _json_body(payload: dict[str, Any]) -> bytes:

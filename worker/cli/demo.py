@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 from sqlalchemy.engine import make_url
 
-from ingest.adapters import read_delivery
+from models.intake import read_delivery
 from models.providers import PROVIDERS
 from models.reports import list_source_summaries, list_workspaces
 from models.sources import add_source, verifying_source

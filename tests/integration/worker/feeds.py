@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ingest.adapters import NOTHING_READ, Reading, read_delivery
 from models.db import session_scope
 from models.inbox import IncomingDelivery, record_delivery
+from models.intake import NOTHING_READ, Reading, read_delivery
 from models.providers import PROVIDERS
 from models.sources import add_source
 from models.tables import Delivery, Task, TaskSource

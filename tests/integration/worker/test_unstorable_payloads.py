@@ -14,9 +14,9 @@ import json
 
 import pytest
 
-from ingest.adapters import read_delivery
 from models.db import session_scope
 from models.inbox import DeliveryStatus
+from models.intake import read_delivery
 from models.providers import PROVIDERS
 from models.sources import add_source
 from tests.conftest import Store

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ingest.adapters import NOTHING_READ, read_delivery
+from models.intake import NOTHING_READ, read_delivery
 from models.providers import PROVIDERS
 from models.tasks import MAX_TITLE_LENGTH, SourceLink
 from tests.deliveries import fixture

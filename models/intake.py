@@ -2,9 +2,12 @@
 
 One reading for every way a delivery reaches the inbox: the webhook routes
 (``ingest.webhooks``) after the signature check, and the catch-up
-(``worker.catchup``) for a delivery fetched from the provider's own log.
+(``worker.catchup``) for a delivery fetched from the provider's own log or
+synthesized from an item's state. What the inbox will not take is refused
+with :class:`~models.errors.DeliveryRefused`, whose ``refusal`` each surface
+answers once (the webhook routes: ``ingest.webhooks.ANSWER_OF_REFUSAL``).
 The providers themselves are ``models.providers`` (the ``Provider`` contract
-and the ``PROVIDERS`` registry), below both ``ingest`` and ``worker``.
+and the ``PROVIDERS`` registry).
 """
 
 from __future__ import annotations
@@ -15,33 +18,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from models.errors import InvalidExternalId, InvalidTask
+from models.errors import DeliveryRefused, InvalidExternalId, InvalidTask, RefusalKind
 from models.external_id import normalize_external_id
 from models.inbox import DeliveryStatus, IncomingDelivery
 from models.providers import Provider, ignored_reason
 from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
 from models.sources import VerifyingSource
+from models.tables import Delivery
 from models.tasks import NewTask, validated_new_task
 
-#: Column sizes of the inbox row (models.tables.Delivery).
-EVENT_LENGTH, ACTION_LENGTH, CONTENT_TYPE_LENGTH, HOOK_ID_LENGTH = 200, 100, 200, 64
-#: The longest delivery id taken. GitHub's GUIDs have 36 characters, Jira's
-#: identifiers a dozen digits, and a Jira body hash (``sha256:``...) 71.
+#: The request headers every provider's deliveries keep, besides the provider's
+#: own (``Provider.kept_headers``): never a signature or credentials.
+KEPT_HEADERS = ("content-type", "user-agent")
+
+_COLUMNS = Delivery.__table__.c
+#: Column sizes of the inbox row, as the table declares them.
+EVENT_LENGTH = _COLUMNS.event.type.length
+ACTION_LENGTH = _COLUMNS.action.type.length
+CONTENT_TYPE_LENGTH = _COLUMNS.content_type.type.length
+HOOK_ID_LENGTH = _COLUMNS.hook_id.type.length
+#: The longest delivery id taken (the column itself is unbounded text).
+#: GitHub's GUIDs have 36 characters, Jira's identifiers a dozen digits, and
+#: a Jira body hash (``sha256:``...) 71.
 DELIVERY_ID_LENGTH = 200
 #: Printable ASCII, no space: header bytes are read as latin-1, so anything
 #: else would be stored garbled rather than as sent.
 _DELIVERY_ID = re.compile(f"[\\x21-\\x7e]{{1,{DELIVERY_ID_LENGTH}}}")
 
 
-class Refusal(Exception):
-    """A delivery we will not take, with the status and the reason to answer."""
-
-    def __init__(self, status: int, reason: str, result: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        #: The metrics label: what happened to the delivery.
-        self.result = result
+def kept_header_names(provider: Provider) -> tuple[str, ...]:
+    """The headers (lower case) a delivery of ``provider`` keeps on its row."""
+    return (*KEPT_HEADERS, *provider.kept_headers)
 
 
 @dataclass(frozen=True)
@@ -88,15 +95,14 @@ def read_delivery(
 
 
 def check_delivery_id(provider: Provider, delivery_id: str) -> None:
-    """Refuse a delivery id the inbox cannot keep as sent (400)."""
+    """Refuse a delivery id the inbox cannot keep as sent (malformed)."""
     if not _DELIVERY_ID.fullmatch(delivery_id):
         # GitHub's are GUIDs, Jira's numbers: anything else is not theirs, and
         # a value the unique index cannot hold must not become a "retry later".
-        raise Refusal(
-            400,
+        raise DeliveryRefused(
+            RefusalKind.MALFORMED,
             f"invalid {provider.delivery_header} header: at most {DELIVERY_ID_LENGTH} "
             "printable ASCII characters",
-            "bad_request",
         )
 
 
@@ -113,38 +119,38 @@ def incoming_delivery(
 ) -> tuple[IncomingDelivery, bool]:
     """The inbox row for a delivery of ``source`` proven to come from its
     sender, and whether its event is one the provider knows (handled or
-    known-ignored). Raises :class:`Refusal` for what the inbox must not take:
-    a body the provider cannot decode (415, 400), no event (400), fields the
-    row cannot hold, a body older than any retry of its sender (400).
+    known-ignored). Raises :class:`~models.errors.DeliveryRefused` for what
+    the inbox must not take: a body the provider cannot decode (an
+    unsupported content type, or malformed), no event, fields the row cannot
+    hold, a body older than any retry of its sender (too old).
     ``headers`` is case-insensitive (Starlette's or httpx's)."""
     content_type = headers.get("content-type")
     try:
         payload = provider.decode_body(content_type, body)
     except UnsupportedContentType as error:
-        raise Refusal(415, str(error), "unsupported_media_type") from None
+        raise DeliveryRefused(RefusalKind.UNSUPPORTED_CONTENT_TYPE, str(error)) from None
     except UnsupportedPayload as error:
-        raise Refusal(400, str(error), "bad_request") from None
+        raise DeliveryRefused(RefusalKind.MALFORMED, str(error)) from None
 
     event = provider.event_of(headers, payload)
     if event is None:
-        raise Refusal(400, "the delivery names no event", "bad_request")
+        raise DeliveryRefused(RefusalKind.MALFORMED, "the delivery names no event")
     # The inbox row must be able to hold what it keeps: a field it cannot
     # store is the sender's mistake (a 4xx), never a "retry later".
     if not _storable(event, EVENT_LENGTH):
-        raise Refusal(
-            400, f"unsupported event name (at most {EVENT_LENGTH} characters)", "bad_request"
+        raise DeliveryRefused(
+            RefusalKind.MALFORMED, f"unsupported event name (at most {EVENT_LENGTH} characters)"
         )
     if not _storable(content_type, CONTENT_TYPE_LENGTH):
-        raise Refusal(415, "unsupported content type", "unsupported_media_type")
+        raise DeliveryRefused(RefusalKind.UNSUPPORTED_CONTENT_TYPE, "unsupported content type")
     # A body that says when it was sent (Jira's) is refused once it is older
     # than any retry of its sender: a captured body cannot be replayed for ever.
     sent_at = provider.sent_at(payload)
     if max_age_seconds and sent_at is not None and (age := time.time() - sent_at) > max_age_seconds:
-        raise Refusal(
-            400,
+        raise DeliveryRefused(
+            RefusalKind.TOO_OLD,
             f"the delivery was sent {age / 3600:.0f} h ago; at most {max_age_seconds / 3600:g} h "
             "is taken (TASKHOOK_MAX_DELIVERY_AGE_SECONDS)",
-            "too_old",
         )
 
     known = event in provider.handled_events or event in provider.ignored_events
