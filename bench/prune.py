@@ -49,8 +49,8 @@ from sqlalchemy import select
 
 from bench import report, taskhook
 from bench.processes import BenchError, Process, libpq_url, throwaway_database, wait_until
+from models.broker.messages import OPERATOR_QUEUE, PRUNE
 from models.db import make_engine, make_session_factory, session_scope
-from models.messages import OPERATOR_QUEUE, PRUNE
 from models.reports import inbox_disk_use
 from models.retention import Policy, _bodies_to_drop, _rows_to_delete
 from models.settings import Settings

@@ -42,7 +42,7 @@ from bench.processes import (
 from bench.prune import prune
 from bench.streams import streams
 from bench.workspaces import workspaces
-from models.messages import DELIVERIES_QUEUE
+from models.broker.messages import DELIVERIES_QUEUE
 from models.settings import DEFAULT_WORKER_CONCURRENCY, Settings
 from worker.celery_app import celery_config
 

@@ -29,7 +29,7 @@ from celery.utils.saferepr import saferepr
 from kombu.exceptions import ChannelError
 from kombu.utils.uuid import uuid
 
-from models.messages import (
+from models.broker.messages import (
     DELIVERIES_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,

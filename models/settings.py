@@ -22,7 +22,7 @@ from kombu import Exchange, Queue
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
+from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
 
 #: Deliveries one worker process runs at once, unless set: on PostgreSQL its
 #: threads overlap their waits on the server; on SQLite's one write lock two
@@ -446,12 +446,12 @@ class Settings(BaseSettings):
 
     def broker_transport(self) -> str | None:
         """The kombu transport for the broker URL, when not the URL's own: the
-        embedded broker writes each message whole (``models.filesystem_broker``);
-        Redis reuses one client per channel (``models.redis_broker``)."""
+        embedded broker writes each message whole (``models.broker.filesystem_transport``);
+        Redis reuses one client per channel (``models.broker.redis_transport``)."""
         if self.broker_url.startswith("filesystem://"):
-            return "models.filesystem_broker:Transport"
+            return "models.broker.filesystem_transport:Transport"
         if self.broker_url.startswith("redis://"):
-            return "models.redis_broker:Transport"
+            return "models.broker.redis_transport:Transport"
         return None
 
     def broker_transport_options(self) -> dict[str, Any]:

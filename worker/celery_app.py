@@ -34,7 +34,7 @@ from celery import Celery
 from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
 from celery.utils.log import mlevel
 
-from models.messages import (
+from models.broker.messages import (
     CATCH_UP,
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,

@@ -16,9 +16,9 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy.orm import Session
 
+from models.broker.messages import RELEASE_IDENTITY
 from models.db import session_scope
 from models.errors import HolderChanged, InvalidExternalId, InvalidRelease, TaskNotFound
-from models.messages import RELEASE_IDENTITY
 from models.tables import Task
 from models.tasks import release_external_id
 from worker import runtime

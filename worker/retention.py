@@ -14,8 +14,8 @@ from typing import Any
 
 from celery import shared_task
 
+from models.broker.messages import PRUNE
 from models.db import session_scope
-from models.messages import PRUNE
 from models.retention import Policy, prune
 from worker import runtime
 

@@ -15,8 +15,8 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
+from models.broker.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
 from models.db import session_scope
-from models.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
 from worker import processing, runtime, sweeper
 
 log = logging.getLogger(__name__)

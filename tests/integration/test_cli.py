@@ -32,15 +32,15 @@ from sqlalchemy import update
 
 from bench.fakes.github_api import FakeGitHub
 from bench.fakes.jira_api import FakeJira
-from models.db import session_scope
-from models.inbox import DeliveryStatus
-from models.messages import (
+from models.broker.messages import (
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
     RELEASE_IDENTITY,
 )
+from models.db import session_scope
+from models.inbox import DeliveryStatus
 from models.sources import add_source, verifying_source
 from models.tables import CatchUpSource, Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id

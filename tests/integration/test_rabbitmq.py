@@ -10,7 +10,7 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from ingest.relay import celery_publisher
-from models.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY
+from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY
 from models.settings import Settings
 from tests.brokers import rabbitmq_vhost, rabbitmqctl
 from worker.celery_app import make_celery_app

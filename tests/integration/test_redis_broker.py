@@ -1,4 +1,4 @@
-"""models.redis_broker: kombu's Redis transport with one client per channel.
+"""models.broker.redis_transport: kombu's Redis transport with one client per channel.
 
 Redis: a database of its own (TASKHOOK_TEST_REDIS_URL, default db 13),
 emptied before and after each test.
@@ -15,7 +15,7 @@ import redis as redis_py
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-from models import redis_broker
+from models.broker import redis_transport
 from models.settings import Settings
 from worker.celery_app import celery_config
 
@@ -32,14 +32,14 @@ def connection() -> Iterator[Connection]:
 
 def test_the_settings_select_it_for_redis_urls_only(tmp_path):
     assert celery_config(Settings(broker_url="redis://127.0.0.1:6379/0"))["broker_transport"] == (
-        "models.redis_broker:Transport"
+        "models.broker.redis_transport:Transport"
     )
     # kombu checks a rediss:// URL's TLS options by its scheme: its own transport keeps that.
     assert Settings(broker_url="rediss://127.0.0.1:6379/0").broker_transport() is None
 
 
 def test_kombu_still_builds_a_client_per_command(connection: Connection):
-    """When this fails, kombu reuses its client by itself: drop models.redis_broker
+    """When this fails, kombu reuses its client by itself: drop models.broker.redis_transport
     (and this test) rather than keep an override that no longer saves anything."""
     stock = kombu_redis.Channel.conn_or_acquire
     channel = connection.default_channel
@@ -68,7 +68,7 @@ def test_a_channel_whose_transport_was_closed_says_so_with_a_connection_error(
 
 def test_a_channel_reuses_one_client_until_its_pool_changes(connection: Connection):
     channel = connection.default_channel
-    assert isinstance(channel, redis_broker.Channel)
+    assert isinstance(channel, redis_transport.Channel)
     with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
         assert first is second
         assert first.connection_pool is channel.pool

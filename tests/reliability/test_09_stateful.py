@@ -36,8 +36,8 @@ from hypothesis.stateful import (
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from models.broker.messages import PROCESS_DELIVERY
 from models.db import session_scope
-from models.messages import PROCESS_DELIVERY
 from models.settings import Settings
 from models.tables import Task, TaskSource
 from tests.e2e.conftest import WorkerProcess, wait_until

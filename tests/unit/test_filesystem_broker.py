@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 from kombu import Connection
 
-from models import filesystem_broker
+from models.broker import filesystem_transport
 from models.settings import Settings
 from worker.celery_app import celery_config
 
@@ -39,7 +39,7 @@ def test_a_consumer_never_sees_a_message_before_it_is_whole(
         )
         replace(source, destination)
 
-    monkeypatch.setattr(filesystem_broker.os, "replace", watching)
+    monkeypatch.setattr(filesystem_transport.os, "replace", watching)
     with Connection(
         settings.broker_url,
         transport=settings.broker_transport(),
@@ -49,7 +49,7 @@ def test_a_consumer_never_sees_a_message_before_it_is_whole(
         # down to (without kombu's routing, whose state its transport classes
         # share across connections in one process).
         channel = connection.default_channel
-        assert isinstance(channel, filesystem_broker.Channel)
+        assert isinstance(channel, filesystem_transport.Channel)
         channel._put("deliveries", {"key": 7})
         assert seen_before_the_rename == [[]]  # only the partial file existed
         (name,) = os.listdir(queue_folder)
@@ -61,18 +61,18 @@ def test_a_consumer_never_sees_a_message_before_it_is_whole(
 
 def test_celery_uses_it_for_the_filesystem_broker_only(tmp_path: Path):
     embedded = celery_config(Settings(broker_folder=tmp_path / "broker"))
-    assert embedded["broker_transport"] == "models.filesystem_broker:Transport"
+    assert embedded["broker_transport"] == "models.broker.filesystem_transport:Transport"
     app = Celery("check", set_as_current=False)
     app.conf.update(embedded)
     with app.connection_for_write() as connection:
-        assert isinstance(connection.transport, filesystem_broker.Transport)
+        assert isinstance(connection.transport, filesystem_transport.Transport)
     redis = celery_config(Settings(broker_url="redis://127.0.0.1:6379/0"))
-    assert redis["broker_transport"] == "models.redis_broker:Transport"
+    assert redis["broker_transport"] == "models.broker.redis_transport:Transport"
 
 
-def _channel(connection: Connection) -> filesystem_broker.Channel:
+def _channel(connection: Connection) -> filesystem_transport.Channel:
     channel = connection.default_channel
-    assert isinstance(channel, filesystem_broker.Channel)
+    assert isinstance(channel, filesystem_transport.Channel)
     return channel
 
 
@@ -139,7 +139,7 @@ def test_a_message_that_is_not_whole_is_set_aside_not_raised(
         assert channel._get("deliveries") == {"key": 9}
         with pytest.raises(Empty):
             channel._get("deliveries")
-    damaged = sorted(os.listdir(tmp_path / "broker" / filesystem_broker.DAMAGED_FOLDER))
+    damaged = sorted(os.listdir(tmp_path / "broker" / filesystem_transport.DAMAGED_FOLDER))
     assert damaged == ["0000000001_empty.deliveries.msg", "0000000002_cut.deliveries.msg"]
     assert "0000000002_cut.deliveries.msg is not whole (14 bytes)" in caplog.text
 

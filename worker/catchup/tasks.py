@@ -7,10 +7,10 @@ from typing import Any
 
 from celery import shared_task
 
+from models.broker.messages import CATCH_UP, message_groups, task_for
 from models.catchup import sources_to_catch_up
 from models.db import session_scope
 from models.errors import TaskStoreError
-from models.messages import CATCH_UP, message_groups, task_for
 from worker import runtime
 from worker.catchup.api import CatchUpError
 from worker.catchup.service import catch_up_github, catch_up_jira

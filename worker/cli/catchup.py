@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from models.broker.messages import DELIVERIES_QUEUE, message_groups, task_for
 from models.catchup import checked_repo
-from models.messages import DELIVERIES_QUEUE, message_groups, task_for
 from models.tables import utcnow
 from worker.cli.output import emit_json, json_option, print_fields
 from worker.cli.params import checked_by

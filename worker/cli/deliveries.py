@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import click
 
+from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY, message_groups, task_for
 from models.inbox import DeliveryStatus, replay
-from models.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY, message_groups, task_for
 from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
 from models.reports import (
     MAX_PAGE,

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
+from models.broker.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
 from models.inbox import DeliveryStatus
-from models.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
 from models.reports import Lineage, TaskView, lineage, task_named, timeline
 from models.tables import utcnow
 from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text

@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import func, select
 
-from models.messages import PROCESS_DELIVERY
+from models.broker.messages import PROCESS_DELIVERY
 from models.tables import Delivery
 from tests.deliveries import fixture
 from tests.e2e.conftest import StartWorker, finished, wait_until

@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import select
 
-from models.messages import PROCESS_DELIVERY
+from models.broker.messages import PROCESS_DELIVERY
 from models.tables import TaskSource
 from tests.e2e.conftest import StartWorker, finished, wait_until
 from tests.integration.worker.feeds import delivery, link_of, make_feed, store_fixture, tasks_of

@@ -12,7 +12,7 @@ import time
 import pytest
 from celery import Celery
 
-from models.messages import PROCESS_DELIVERY, RELEASE_IDENTITY, SWEEP
+from models.broker.messages import PROCESS_DELIVERY, RELEASE_IDENTITY, SWEEP
 from models.tables import IdentityRelease, Task
 from tests.e2e.conftest import StartWorker, WorkerProcess, finished, wait_until
 from tests.integration.worker.feeds import (

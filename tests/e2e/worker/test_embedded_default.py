@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from models.broker.messages import PROCESS_DELIVERY, RELEASE_IDENTITY
 from models.db import make_engine, make_session_factory
-from models.messages import PROCESS_DELIVERY, RELEASE_IDENTITY
 from models.settings import Settings
 from tests.e2e.conftest import StartWorker, finished, wait_until
 from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from models.messages import RELEASE_IDENTITY
+from models.broker.messages import RELEASE_IDENTITY
 
 ROOT = Path(__file__).resolve().parents[3]
 FIRST_PARTY = ("models", "ingest", "worker")
@@ -125,7 +125,7 @@ def _uses_of_release(module: str) -> list[str]:
         elif (
             isinstance(node, ast.Constant)
             and node.value == RELEASE_IDENTITY
-            and module != "models.messages"  # where the name is defined
+            and module != "models.broker.messages"  # where the name is defined
         ):
             uses.append(f"{module}:{node.lineno} spells {RELEASE_IDENTITY!r}")
     return uses

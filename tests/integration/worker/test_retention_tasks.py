@@ -13,9 +13,9 @@ from celery import Celery
 from sqlalchemy import update
 
 import worker.retention
+from models.broker.messages import OPERATOR_QUEUE, PRUNE
 from models.db import session_scope
 from models.inbox import DeliveryStatus
-from models.messages import OPERATOR_QUEUE, PRUNE
 from models.retention import Policy, prune
 from models.settings import Settings
 from models.tables import Delivery, utcnow

@@ -14,9 +14,7 @@ import worker.operator
 import worker.tasks  # noqa: F401
 from bench.fakes.github_api import FakeGitHub
 from bench.fakes.jira_api import FakeJira
-from models.catchup import set_jira_access, set_log_access
-from models.db import session_scope
-from models.messages import (
+from models.broker.messages import (
     CATCH_UP,
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
@@ -26,6 +24,8 @@ from models.messages import (
     RELEASE_IDENTITY,
     SWEEP,
 )
+from models.catchup import set_jira_access, set_log_access
+from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
 from models.tasks import delete_task

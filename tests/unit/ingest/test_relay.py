@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 from ingest.relay import DeliveryMessages, Relay, celery_publisher
-from models.messages import (
+from models.broker.messages import (
     DELIVERIES_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,

@@ -14,7 +14,7 @@ command (or pipeline) and returns it after. The client is rebuilt when the
 channel's pool changes (kombu drops the pool after a fork and on close), so it
 never holds a pool kombu has let go.
 
-``tests/unit/test_redis_broker.py`` fails when kombu stops building a client
+``tests/integration/test_redis_broker.py`` fails when kombu stops building a client
 per command (then this module can go) or renames what it overrides.
 
 Selected by the Celery setting ``broker_transport`` whenever the broker URL is
