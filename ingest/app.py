@@ -32,6 +32,7 @@ from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import InboxReading, IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
+from models.broker.connection import broker_transport, broker_transport_options
 from models.db import make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
 from models.reports import Gaps, gaps
@@ -321,8 +322,8 @@ def _broker_ready(settings: Settings) -> str:
     try:
         with Connection(
             settings.broker_url,
-            transport=settings.broker_transport(),
-            transport_options=settings.broker_transport_options(),
+            transport=broker_transport(settings),
+            transport_options=broker_transport_options(settings),
             connect_timeout=settings.enqueue_timeout_seconds,
         ) as connection:
             connection.ensure_connection(max_retries=1, timeout=settings.enqueue_timeout_seconds)

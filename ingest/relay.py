@@ -29,6 +29,7 @@ from celery.utils.saferepr import saferepr
 from kombu.exceptions import ChannelError
 from kombu.utils.uuid import uuid
 
+from models.broker.connection import broker_queues, broker_transport, broker_transport_options
 from models.broker.messages import (
     DELIVERIES_QUEUE,
     PROCESS_DELIVERIES,
@@ -50,11 +51,11 @@ def celery_publisher(settings: Settings) -> Publish:
     up to ``relay_keys_per_message`` keys in each."""
     app = Celery("taskhook-ingress", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
-        broker_transport=settings.broker_transport(),
-        broker_transport_options=settings.broker_transport_options(),
+        broker_transport=broker_transport(settings),
+        broker_transport_options=broker_transport_options(settings),
         # Declared as the worker declares them: RabbitMQ refuses a queue
         # redeclared with other arguments (a quorum queue as a classic one).
-        task_queues=settings.broker_queues(),
+        task_queues=broker_queues(settings),
         broker_connection_timeout=settings.enqueue_timeout_seconds,
         task_serializer="json",
         accept_content=["json"],

@@ -9,20 +9,22 @@ One way to read them: a process reads the environment once, at its edge --
 invocation sees the environment as it is then -- and passes them down as an
 argument. Nothing below the edge reads the environment; a test injects its
 own ``Settings`` where the edge would have read them.
+
+Settings are values only: they import no broker library and touch no disk.
+What a broker URL means to kombu is ``models.broker.connection``'s; the
+folders of the embedded setup are made where they are opened (the SQLite
+file by ``models.db``, the broker's by its transport).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from kombu import Exchange, Queue
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-
-from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
 
 #: Deliveries one worker process runs at once, unless set: on PostgreSQL its
 #: threads overlap their waits on the server; on SQLite's one write lock two
@@ -418,73 +420,6 @@ class Settings(BaseSettings):
     @property
     def uses_rabbitmq(self) -> bool:
         return self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
-
-    def result_backend(self) -> str:
-        """The Celery result backend: explicit, else one that matches the broker."""
-        if self.result_backend_url:
-            return self.result_backend_url
-        if self.broker_url.startswith(("redis://", "rediss://")):
-            return self.broker_url
-        if self.broker_url.startswith("filesystem://"):
-            folder = (self.broker_folder.parent / "results").resolve()
-            folder.mkdir(parents=True, exist_ok=True)
-            return f"file://{folder}"
-        return "rpc://"
-
-    def broker_queues(self) -> list[Queue]:
-        """The two queues, as every Celery app of taskhook declares them: on
-        RabbitMQ quorum queues (replicated, at-least-once; a delivery limit
-        against a message that kills its worker), elsewhere plain ones."""
-        arguments: dict[str, Any] = {}
-        if self.uses_rabbitmq:
-            arguments = {"x-queue-type": "quorum", "x-delivery-limit": self.broker_delivery_limit}
-        return [
-            # As Celery makes a queue it is not told of: a direct exchange of its name.
-            Queue(name, Exchange(name), routing_key=name, queue_arguments=arguments or None)
-            for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
-        ]
-
-    def broker_transport(self) -> str | None:
-        """The kombu transport for the broker URL, when not the URL's own: the
-        embedded broker writes each message whole (``models.broker.filesystem_transport``);
-        Redis reuses one client per channel (``models.broker.redis_transport``)."""
-        if self.broker_url.startswith("filesystem://"):
-            return "models.broker.filesystem_transport:Transport"
-        if self.broker_url.startswith("redis://"):
-            return "models.broker.redis_transport:Transport"
-        return None
-
-    def broker_transport_options(self) -> dict[str, Any]:
-        """Transport options for the broker, shared by the worker and the ingress."""
-        if self.broker_url.startswith("filesystem://"):
-            queue = self.broker_folder / "queue"
-            processed = self.broker_folder / "processed"
-            control = self.broker_folder / "control"
-            for folder in (queue, processed, control):
-                folder.mkdir(parents=True, exist_ok=True)
-            return {
-                "data_folder_in": str(queue),
-                "data_folder_out": str(queue),
-                "processed_folder": str(processed),
-                # kombu would otherwise write its exchange files to ./control.
-                "control_folder": str(control),
-                "store_processed": False,
-                # kombu's default (1 s) drains about 2 messages/s here.
-                "polling_interval": 0.01,
-            }
-        if self.uses_rabbitmq:
-            # Every publish waits for RabbitMQ's confirm: a message the broker
-            # did not take is an error the sender sees (the relay, the sweeper
-            # and the CLI then leave the row queued for the sweeper).
-            return {"confirm_publish": True}
-        if self.broker_url.startswith(("redis://", "rediss://")):
-            return {
-                "visibility_timeout": self.visibility_timeout_seconds,
-                # A frozen Redis must not hold a request or a worker forever.
-                "socket_timeout": self.enqueue_timeout_seconds,
-                "socket_connect_timeout": self.enqueue_timeout_seconds,
-            }
-        return {}
 
 
 def _checked_origin(origin: object) -> str:

@@ -17,8 +17,8 @@ At least once, and why each knob:
 - a Redis ``visibility_timeout`` above the task time limit (settings check
   it): a message is not handed to a second worker while the first still runs;
 - on RabbitMQ, quorum queues, publisher confirms and a ``consumer_timeout``
-  above what a worker may hold a message (``Settings.broker_queues``,
-  ``broker_transport_options``, checked at start);
+  above what a worker may hold a message (``models.broker.connection``,
+  checked at start);
 - the sweeper (beat) re-sends what the broker lost altogether, and a
   delivery whose attempts keep dying is parked (``models.inbox.park_lost``).
 
@@ -28,12 +28,19 @@ Running twice is harmless by construction (``worker.processing``).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
 from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
 from celery.utils.log import mlevel
 
+from models.broker.connection import (
+    broker_queues,
+    broker_transport,
+    broker_transport_options,
+    result_backend,
+)
 from models.broker.messages import (
     CATCH_UP,
     DELIVERIES_QUEUE,
@@ -90,12 +97,17 @@ def _beat_schedule(settings: Settings) -> dict[str, Any]:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery configuration for ``settings``."""
     time_limit = settings.task_time_limit_seconds
+    backend = result_backend(settings)
+    if backend.startswith("file://"):
+        # Celery's file backend writes a probe into its folder when built and
+        # makes no folder: this is where the worker, beat and the CLI open it.
+        Path(backend.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     return {
         "broker_url": settings.broker_url,
-        "broker_transport": settings.broker_transport(),
-        "broker_transport_options": settings.broker_transport_options(),
+        "broker_transport": broker_transport(settings),
+        "broker_transport_options": broker_transport_options(settings),
         "broker_connection_retry_on_startup": True,
-        "result_backend": settings.result_backend(),
+        "result_backend": backend,
         # Only the operator's tasks leave a result (for the CLI); a result per
         # delivery would be a write per delivery that nobody reads.
         "task_ignore_result": True,
@@ -120,7 +132,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": time_limit,
         "task_soft_time_limit": time_limit * 0.9,
         "task_routes": TASK_ROUTES,
-        "task_queues": settings.broker_queues(),
+        "task_queues": broker_queues(settings),
         "task_default_queue": DELIVERIES_QUEUE,
         "beat_schedule": _beat_schedule(settings),
         "enable_utc": True,

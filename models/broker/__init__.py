@@ -6,7 +6,9 @@ the worker, and how it travels.
 - ``redis_transport`` and ``filesystem_transport``: the kombu transports
   taskhook brings (Redis with one client per channel; the embedded broker
   writing each message whole).
+- ``connection``: from the settings, the queues every process declares, the
+  transport and its options, and the result backend.
 
-Below the rest of ``models``: it imports no table, session or service, so a
-change to how messages travel stays in this folder.
+It imports nothing of ``models`` but the settings: no table, session or
+service, so a change to how messages travel stays in this folder.
 """

@@ -30,7 +30,7 @@ last flushed. The inbox row, not the message, is what must survive: the
 sweeper re-sends every row left ``queued`` (docs/performance.md, section 6).
 
 Selected by the Celery setting ``broker_transport`` whenever the broker URL
-is ``filesystem://`` (``models.settings.Settings.broker_transport``).
+is ``filesystem://`` (``models.broker.connection.broker_transport``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,16 @@ DAMAGED_FOLDER = "damaged"
 class Channel(filesystem.Channel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # The broker's folders are made where it is opened, so a fresh
+        # checkout runs with nothing prepared (kombu makes none of them but
+        # ``control``, and that one without its parents).
+        for folder in (
+            self.data_folder_in,
+            self.data_folder_out,
+            self.processed_folder,
+            self.control_folder,
+        ):
+            os.makedirs(folder, exist_ok=True)
         #: Per queue, the names listed last and not yet taken, oldest first.
         self._listed: dict[str, deque[str]] = {}
 

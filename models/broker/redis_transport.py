@@ -18,7 +18,7 @@ never holds a pool kombu has let go.
 per command (then this module can go) or renames what it overrides.
 
 Selected by the Celery setting ``broker_transport`` whenever the broker URL is
-``redis://`` (``models.settings.Settings.broker_transport``). ``rediss://``
+``redis://`` (``models.broker.connection.broker_transport``). ``rediss://``
 keeps kombu's own transport: kombu checks that URL's TLS options by its
 scheme, a check a transport of our own would skip.
 """

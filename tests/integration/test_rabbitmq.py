@@ -10,6 +10,7 @@ import pytest
 from kombu.exceptions import OperationalError
 
 from ingest.relay import celery_publisher
+from models.broker.connection import broker_queues, broker_transport_options
 from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY
 from models.settings import Settings
 from tests.brokers import rabbitmq_vhost, rabbitmqctl
@@ -42,7 +43,7 @@ def test_both_queues_are_quorum_queues_with_a_delivery_limit(vhost_url: str):
     try:
         app.send_task(PROCESS_DELIVERY, args=[1])  # the sender declares the queue
         with app.connection_for_write() as connection:
-            for queue in settings.broker_queues():
+            for queue in broker_queues(settings):
                 queue(connection.default_channel).declare()
     finally:
         app.close()
@@ -113,6 +114,6 @@ def test_a_consumer_timeout_a_worker_could_outlast_is_refused_at_start(url: str)
 def test_the_consumer_timeout_is_only_rabbitmqs_concern():
     Settings(broker_url="redis://127.0.0.1:6379/0", broker_consumer_timeout_seconds=1)
     settings = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//")
-    assert settings.broker_transport_options() == {"confirm_publish": True}
+    assert broker_transport_options(settings) == {"confirm_publish": True}
     redis = Settings(broker_url="redis://127.0.0.1:6379/0")
-    assert {queue.queue_arguments for queue in redis.broker_queues()} == {None}
+    assert {queue.queue_arguments for queue in broker_queues(redis)} == {None}

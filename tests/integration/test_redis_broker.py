@@ -16,6 +16,7 @@ from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
 from models.broker import redis_transport
+from models.broker.connection import broker_transport
 from models.settings import Settings
 from worker.celery_app import celery_config
 
@@ -25,7 +26,7 @@ REDIS_URL = os.environ.get("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13
 @pytest.fixture
 def connection() -> Iterator[Connection]:
     redis_py.Redis.from_url(REDIS_URL).flushdb()
-    with Connection(REDIS_URL, transport=Settings(broker_url=REDIS_URL).broker_transport()) as conn:
+    with Connection(REDIS_URL, transport=broker_transport(Settings(broker_url=REDIS_URL))) as conn:
         yield conn
     redis_py.Redis.from_url(REDIS_URL).flushdb()
 
@@ -35,7 +36,7 @@ def test_the_settings_select_it_for_redis_urls_only(tmp_path):
         "models.broker.redis_transport:Transport"
     )
     # kombu checks a rediss:// URL's TLS options by its scheme: its own transport keeps that.
-    assert Settings(broker_url="rediss://127.0.0.1:6379/0").broker_transport() is None
+    assert broker_transport(Settings(broker_url="rediss://127.0.0.1:6379/0")) is None
 
 
 def test_kombu_still_builds_a_client_per_command(connection: Connection):

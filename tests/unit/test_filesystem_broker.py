@@ -18,6 +18,7 @@ from celery import Celery
 from kombu import Connection
 
 from models.broker import filesystem_transport
+from models.broker.connection import broker_transport, broker_transport_options
 from models.settings import Settings
 from worker.celery_app import celery_config
 
@@ -42,8 +43,8 @@ def test_a_consumer_never_sees_a_message_before_it_is_whole(
     monkeypatch.setattr(filesystem_transport.os, "replace", watching)
     with Connection(
         settings.broker_url,
-        transport=settings.broker_transport(),
-        transport_options=settings.broker_transport_options(),
+        transport=broker_transport(settings),
+        transport_options=broker_transport_options(settings),
     ) as connection:
         # The channel's own put and get: what every publish and consume comes
         # down to (without kombu's routing, whose state its transport classes
@@ -70,6 +71,16 @@ def test_celery_uses_it_for_the_filesystem_broker_only(tmp_path: Path):
     assert redis["broker_transport"] == "models.broker.redis_transport:Transport"
 
 
+def test_its_folders_are_made_when_it_opens_not_by_the_settings(tmp_path: Path):
+    settings = Settings(broker_folder=tmp_path / "var" / "broker")
+    options = broker_transport_options(settings)
+    assert not (tmp_path / "var").exists()
+    with _connection(settings) as connection:
+        connection.ensure_connection(max_retries=1)
+    for name in ("data_folder_in", "processed_folder", "control_folder"):
+        assert Path(options[name]).is_dir()
+
+
 def _channel(connection: Connection) -> filesystem_transport.Channel:
     channel = connection.default_channel
     assert isinstance(channel, filesystem_transport.Channel)
@@ -79,8 +90,8 @@ def _channel(connection: Connection) -> filesystem_transport.Channel:
 def _connection(settings: Settings) -> Connection:
     return Connection(
         settings.broker_url,
-        transport=settings.broker_transport(),
-        transport_options=settings.broker_transport_options(),
+        transport=broker_transport(settings),
+        transport_options=broker_transport_options(settings),
     )
 
 
@@ -152,12 +163,13 @@ def test_a_published_message_survives_the_publisher_being_killed(tmp_path: Path)
         f"""
         import os, signal
         from kombu import Connection
+        from models.broker.connection import broker_transport, broker_transport_options
         from models.settings import Settings
         settings = Settings(broker_folder={str(folder)!r})
         connection = Connection(
             settings.broker_url,
-            transport=settings.broker_transport(),
-            transport_options=settings.broker_transport_options(),
+            transport=broker_transport(settings),
+            transport_options=broker_transport_options(settings),
         )
         connection.default_channel._put("deliveries", {{"key": 41}})
         os.kill(os.getpid(), signal.SIGKILL)

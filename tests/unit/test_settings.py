@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -68,3 +70,11 @@ def test_a_cors_origin_must_be_exact(monkeypatch: pytest.MonkeyPatch, origins: s
 
     with pytest.raises(ValueError, match=says):
         Settings()
+
+
+def test_settings_are_values_only():
+    """Reading settings imports no broker library: what a broker URL means to
+    kombu is models.broker.connection's, built at the edges that connect."""
+    check = "import sys, models.settings; print('kombu' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert imported.stdout.strip() == "False", imported.stderr
