@@ -33,6 +33,18 @@ from typing import Any
 
 from bench import pgcreate, report
 from bench.bare_create import BARE_CREATE
+from bench.drains import (
+    EndToEndRig,
+    Starter,
+    drain,
+    drain_rows,
+    end_to_end_rig,
+    enqueue,
+    flush,
+    queue_length,
+    settled_goals,
+    summary_of_rounds,
+)
 from models.settings import DEFAULT_WORKER_CONCURRENCY
 
 #: Goals of issue 20, section 2.
@@ -42,10 +54,6 @@ ONE_KEY_PER_MESSAGE = 1
 
 
 def messages(bench: Any) -> dict[str, Any]:
-    # bench.suites registers this benchmark, so its end-to-end rig is imported
-    # when the benchmark runs rather than when the module loads.
-    from bench.suites import _end_to_end_rig
-
     sizes = bench.sizes
     # The rig drains e2e_deliveries; this benchmark's own count stands in.
     bench.sizes = replace(sizes, e2e_deliveries=sizes.messages_deliveries)
@@ -54,7 +62,7 @@ def messages(bench: Any) -> dict[str, Any]:
     drains: dict[int, list[dict[str, Any]]] = {workers: [] for workers in sizes.messages_workers}
     baselines: list[dict[str, Any]] = []
     floors: list[dict[str, Any]] = []
-    with _end_to_end_rig(bench, ONE_KEY_PER_MESSAGE) as shared:
+    with end_to_end_rig(bench, ONE_KEY_PER_MESSAGE) as shared:
         pgcreate.pgbench_path()  # before the first drain: say it is missing early
         workspace_id = pgcreate.prepare_workspace(shared.database)
         rig = _backends_counted(shared)
@@ -136,11 +144,10 @@ class _BackendsWindow:
 
 
 def _backends_counted(rig: Any) -> Any:
-    """``rig`` (bench.suites' end-to-end rig), also counting the CPU of its
+    """``rig`` (``bench.drains``' end-to-end rig), also counting the CPU of its
     database's backends over each taskhook drain (:class:`_BackendsWindow`)."""
-    from bench.suites import _EndToEndRig, _queue_length
 
-    class BackendsCounted(_EndToEndRig):
+    class BackendsCounted(EndToEndRig):
         window: _BackendsWindow | None = None
 
         def post_deliveries(self, workers: int) -> dict:
@@ -148,7 +155,7 @@ def _backends_counted(rig: Any) -> Any:
             return super().post_deliveries(workers)
 
         def all_done(self) -> bool:
-            queued = _queue_length(self.client)
+            queued = queue_length(self.client)
             done = super().all_done()
             self.window.check(queued, done)
             return done
@@ -169,25 +176,23 @@ def _drain_bare_creates(rig: Any, workers: int, workspace_id: int) -> dict[str, 
     message (``bench.bare_create``), as many as the taskhook drain's
     deliveries; its rate, its CPU per create, and whether each created and
     settled exactly one task."""
-    from bench.suites import _drain, _flush, _queue_length, _Starter, enqueue
-
     n = rig.deliveries
     run = uuid.uuid4().hex[:12]
-    _flush(rig.redis_url)
+    flush(rig.redis_url)
     enqueue(rig.redis_url, BARE_CREATE, ([workspace_id, f"bare-{run}-{i}"] for i in range(n)))
     window = _BackendsWindow(rig.watcher, n)
 
     def done() -> bool:
-        queued = _queue_length(rig.client)
+        queued = queue_length(rig.client)
         finished = rig.noop_done()
         window.check(queued, finished)
         return finished
 
-    starter = _Starter(
+    starter = Starter(
         rig.bench.processes, f"bare-p{workers}", "bench.bare_create", rig.env, workers
     )
     try:
-        drained = _drain(starter, n, n, rig.redis_url, done)
+        drained = drain(starter, n, n, rig.redis_url, done)
     finally:
         starter.stop()
     created, settled = rig.watcher.execute(
@@ -245,9 +250,7 @@ def _report(
     floors: list[dict[str, Any]],
     clients: int,
 ) -> dict[str, Any]:
-    from bench.suites import _summary_of_rounds, drain_rows, settled_goals
-
-    configs = {workers: _summary_of_rounds(rounds) for workers, rounds in drains.items()}
+    configs = {workers: summary_of_rounds(rounds) for workers, rounds in drains.items()}
     labelled = {f"{workers} process(es)": config for workers, config in configs.items()}
     most = max(configs)
     taskhook_postgres = [

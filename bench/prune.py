@@ -2,7 +2,7 @@
 policy prunes a large inbox, against the same without a prune.
 
 The inbox is bulk-loaded with ``prune_rows`` finished deliveries (``scale``'s
-loader, ``bench.suites._bulk_load``: as many tasks beside them), aged evenly
+loader, ``bench.taskhook.bulk_load``: as many tasks beside them), aged evenly
 from 31 to 150 days by key, so that the default policy (bodies dropped after
 30 days, rows deleted after 90) has about half of them to delete and the
 other half's bodies to drop: more than every round's prunes get through, so
@@ -47,7 +47,7 @@ import psycopg
 import redis
 from sqlalchemy import select
 
-from bench import report, taskhook
+from bench import drains, report, taskhook
 from bench.processes import BenchError, Process, libpq_url, throwaway_database, wait_until
 from models.broker.messages import OPERATOR_QUEUE, PRUNE
 from models.db import make_engine, make_session_factory, session_scope
@@ -81,13 +81,11 @@ _RULE_OFF = {DELETING: "TASKHOOK_BODY_RETENTION_DAYS", DROPPING: "TASKHOOK_INBOX
 
 
 def prune(bench: Any) -> dict[str, Any]:
-    from bench import suites  # suites registers this module: imported when run
-
     sizes, procs = bench.sizes, bench.processes
     redis_url = procs.redis()
     with throwaway_database() as database:
         taskhook.prepare(database)
-        loaded = suites._bulk_load(database, sizes.prune_rows)
+        loaded = taskhook.bulk_load(database, sizes.prune_rows)
         aged = _age(database, sizes.prune_rows)
         bench.say(
             f"  bulk-loaded {sizes.prune_rows:,} inbox rows in {loaded:.0f} s, aged in {aged:.0f} s"
@@ -96,8 +94,8 @@ def prune(bench: Any) -> dict[str, Any]:
         plans = _batch_plans(database)
         env = taskhook.environment(database, redis_url)
         _, url = procs.uvicorn("taskhook", "ingest.app:app", env)
-        bench.load(url, tag=suites._tag("warm"), duration=1.0, concurrency=8)
-        rig = _Rig(bench, suites, database, redis_url, url, env)
+        bench.load(url, tag=taskhook.tag("warm"), duration=1.0, concurrency=8)
+        rig = _Rig(bench, database, redis_url, url, env)
         rounds = []
         for round_ in range(sizes.prune_rounds):
             # Each round starts with the next side, so none always runs first.
@@ -126,8 +124,8 @@ def prune(bench: Any) -> dict[str, Any]:
 class _Rig:
     """One ingress on the loaded database, and how each phase runs on it."""
 
-    def __init__(self, bench, suites, database, redis_url, url, env) -> None:
-        self.bench, self.suites = bench, suites
+    def __init__(self, bench, database, redis_url, url, env) -> None:
+        self.bench = bench
         self.database, self.redis_url, self.url = database, redis_url, url
         self.env = env
         self.client = redis.Redis.from_url(redis_url)
@@ -143,19 +141,19 @@ class _Rig:
 
     def ingress(self, side: str, round_: int) -> dict[str, Any]:
         sizes = self.bench.sizes
-        self.suites._flush(self.redis_url)
+        drains.flush(self.redis_url)
         with self.pruning(side) as pruned:
             run = self.bench.load(
                 self.url,
-                tag=self.suites._tag(f"prune-ingress-{round_}-{side}"),
+                tag=taskhook.tag(f"prune-ingress-{round_}-{side}"),
                 duration=sizes.prune_ingress_seconds,
                 concurrency=sizes.concurrency,
                 first_number=self.numbers(),
             )
         # Nothing drains these: out of the way of the next phase.
         self.watcher.execute("DELETE FROM deliveries WHERE status = 'queued'")
-        self.suites._flush(self.redis_url)
-        self.published = self.suites._relay_published(self.url)
+        drains.flush(self.redis_url)
+        self.published = taskhook.relay_published(self.url)
         result = {
             "rate_per_s": run["throughput_rps"],
             "errors": run["errors"],
@@ -169,12 +167,12 @@ class _Rig:
         return result
 
     def drain(self, side: str, round_: int) -> dict[str, Any]:
-        sizes, suites = self.bench.sizes, self.suites
+        sizes = self.bench.sizes
         n = sizes.prune_deliveries
-        suites._flush(self.redis_url)
+        drains.flush(self.redis_url)
         posted = self.bench.load(
             self.url,
-            tag=suites._tag(f"prune-drain-{round_}-{side}"),
+            tag=taskhook.tag(f"prune-drain-{round_}-{side}"),
             requests=n,
             concurrency=sizes.concurrency,
             first_number=self.numbers(),
@@ -184,13 +182,13 @@ class _Rig:
             raise BenchError(f"the ingress queued {queued} of {n}: {posted['by_answer']}")
         target = self.published + n
         wait_until(
-            lambda: suites._relay_published(self.url) >= target,
+            lambda: taskhook.relay_published(self.url) >= target,
             timeout=120,
             what="the relay to publish every key",
         )
         self.published = target
         messages = self.client.llen("deliveries")
-        workers = suites._Starter(
+        workers = drains.Starter(
             self.bench.processes, f"drain-{round_}-{side}", "worker", self.env, 1
         )
 
@@ -200,7 +198,7 @@ class _Rig:
             return idle and self.watcher.execute(_UNFINISHED).fetchone()[0] == 0
 
         with self.pruning(side) as pruned:
-            drained = suites._drain(workers, n, messages, self.redis_url, done)
+            drained = drains.drain(workers, n, messages, self.redis_url, done)
         workers.stop()
         result = {**drained, "meanwhile": pruned}
         self.bench.say(
@@ -230,7 +228,7 @@ class _Rig:
             operator = self.bench.processes.celery_worker(
                 "operator", "worker", env, queues=OPERATOR_QUEUE
             )
-            app = self.suites._configured(self.redis_url)
+            app = drains.celery_client(self.redis_url)
             app.send_task(PRUNE)
             app.close()
             wait_until(

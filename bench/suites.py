@@ -5,46 +5,43 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 import shutil
 import statistics
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
-import redis
-from celery import Celery
 from sqlalchemy import text
 
 from bench import report, taskhook
 from bench.baselines import DURABLE_TABLE
 from bench.brokers import brokers
 from bench.catch_up import catch_up
+from bench.drains import (
+    Sampler,
+    drain_rows,
+    end_to_end_rig,
+    flush,
+    peaks_across,
+    settled_goals,
+    summary_of_rounds,
+)
 from bench.embedded import sqlite
 from bench.latency import latency
 from bench.messages import messages
-from bench.noop import NOOP
 from bench.processes import (
-    BenchError,
-    Process,
     Processes,
     libpq_url,
-    server_cpu_seconds,
     throwaway_database,
     wait_until,
 )
 from bench.prune import prune
 from bench.streams import streams
 from bench.workspaces import workspaces
-from models.broker.messages import DELIVERIES_QUEUE
 from models.settings import DEFAULT_WORKER_CONCURRENCY, Settings
-from worker.celery_app import celery_config
 
 
 @dataclass(frozen=True)
@@ -276,15 +273,6 @@ class Bench:
         return result
 
 
-def _tag(name: str) -> str:
-    return f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{uuid.uuid4().hex[:8]}"
-
-
-def _flush(redis_url: str) -> None:
-    with contextlib.closing(redis.Redis.from_url(redis_url)) as client:
-        client.flushdb()
-
-
 def _brief(run: dict[str, Any]) -> str:
     latency = run["latency"]
     return (
@@ -308,71 +296,6 @@ def _row(label: str, runs: list[dict[str, Any]], latency_of: dict | None = None)
     }
 
 
-class Sampler(threading.Thread):
-    """Samples the RSS of processes every ``every`` s, with a timestamp."""
-
-    def __init__(self, processes: dict[str, Process], every: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.processes, self.every = processes, every
-        self.samples: list[tuple[float, dict[str, int]]] = []
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-
-    def watch(self, name: str, process: Process) -> None:
-        """Sample ``process`` too, from now on (the sampler may be running)."""
-        with self._lock:
-            self.processes[name] = process
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            now = time.monotonic()
-            sample = {}
-            with self._lock:
-                watched = list(self.processes.items())
-            for name, process in watched:
-                for pid, rss in process.rss().items():
-                    label = name if pid == process.pid else f"{name}/child-{pid}"
-                    sample[label] = rss
-            self.samples.append((now, sample))
-            self._done.wait(self.every)
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join(5)
-
-    def peaks(self) -> dict[str, float]:
-        """Peak RSS in MiB, by process."""
-        peaks: dict[str, int] = {}
-        for _, sample in self.samples:
-            for label, rss in sample.items():
-                peaks[label] = max(peaks.get(label, 0), rss)
-        return {label: round(rss / 2**20, 1) for label, rss in peaks.items()}
-
-    def halves(self, start: float, end: float) -> dict[str, dict[str, float]]:
-        """Peak and mean RSS (MiB) in the first and second half of [start, end]."""
-        middle = (start + end) / 2
-        halves: dict[str, dict[str, list[int]]] = {}
-        for at, sample in self.samples:
-            if not start <= at <= end:
-                continue
-            half = "first" if at < middle else "second"
-            for label, rss in sample.items():
-                halves.setdefault(label, {"first": [], "second": []})[half].append(rss)
-        out = {}
-        for label, parts in halves.items():
-            if not parts["first"] or not parts["second"]:
-                continue
-            first, second = max(parts["first"]), max(parts["second"])
-            out[label] = {
-                "first_half_peak_mib": round(first / 2**20, 1),
-                "second_half_peak_mib": round(second / 2**20, 1),
-                "first_half_mean_mib": round(statistics.mean(parts["first"]) / 2**20, 1),
-                "second_half_mean_mib": round(statistics.mean(parts["second"]) / 2**20, 1),
-                "growth": round(second / first - 1, 4),
-            }
-        return out
-
-
 # --- 1. ingress ---------------------------------------------------------------------------
 
 
@@ -384,11 +307,11 @@ def ingress(bench: Bench) -> dict[str, Any]:
         servers = _ingress_servers(bench, database, redis_url)
 
         def reset() -> None:
-            _flush(redis_url)
+            flush(redis_url)
             taskhook.reset(database)
 
         for name, url in servers.items():  # warm-up: imports, pools, caches
-            bench.load(url, tag=_tag(f"warm-{name}"), duration=1.0, concurrency=8)
+            bench.load(url, tag=taskhook.tag(f"warm-{name}"), duration=1.0, concurrency=8)
         closed = _closed_loop_rounds(bench, servers, reset)
         opened = _open_loop_rates(bench, servers, reset)
         reset()
@@ -435,7 +358,7 @@ def _closed_loop_rounds(
             reset()
             run = bench.load(
                 servers[name],
-                tag=_tag(f"{name}-{round_}"),
+                tag=taskhook.tag(f"{name}-{round_}"),
                 duration=sizes.ingress_seconds,
                 concurrency=sizes.concurrency,
             )
@@ -455,7 +378,7 @@ def _open_loop_rates(
             reset()
             run = bench.load(
                 servers[name],
-                tag=_tag(f"{name}-open-{rate}"),
+                tag=taskhook.tag(f"{name}-open-{rate}"),
                 mode="open",
                 rate=rate,
                 duration=sizes.ingress_seconds,
@@ -538,115 +461,6 @@ def _ingress_rows(
 # --- 2. end to end, and the RSS of its processes -------------------------------------------
 
 
-def _configured(redis_url: str) -> Celery:
-    app = Celery("bench-noop-client", set_as_current=False)
-    app.conf.update(celery_config(Settings(broker_url=redis_url, database_url="sqlite://")))
-    return app
-
-
-def _enqueue_noops(redis_url: str, count: int) -> None:
-    enqueue(redis_url, NOOP, ([key] for key in range(count)))
-
-
-def enqueue(redis_url: str, task: str, arguments: Iterable[list]) -> None:
-    """One message of ``task`` on the deliveries queue for each list of arguments."""
-    app = _configured(redis_url)
-    with app.producer_or_acquire() as producer:
-        for args in arguments:
-            app.send_task(task, args=args, queue=DELIVERIES_QUEUE, producer=producer)
-    app.close()
-
-
-def _queue_length(client: redis.Redis) -> int:
-    return client.llen(DELIVERIES_QUEUE)
-
-
-class _Starter:
-    """Starts ``count`` Celery worker processes when called (so a drain can
-    time from its first message), and stops them by pid afterwards."""
-
-    def __init__(
-        self,
-        procs: Processes,
-        name: str,
-        app: str,
-        env: dict[str, str],
-        count: int,
-        sampler: Sampler | None = None,
-    ) -> None:
-        self.procs, self.name, self.app, self.env = procs, name, app, env
-        self.count, self.sampler = count, sampler
-        self.started: list[Process] = []
-
-    def __call__(self) -> None:
-        # All of them at once: a process that started a second late would
-        # count its start-up against the shorter of the two drains.
-        for index in range(self.count):
-            name = f"{self.name}-{index}"
-            process = self.procs.celery_worker(name, self.app, self.env, wait=False)
-            self.started.append(process)
-            if self.sampler is not None:
-                self.sampler.watch(name, process)
-        for process in self.started:
-            self.procs.wait_ready(process)
-
-    def cpu_seconds(self) -> float:
-        return sum(process.cpu_seconds() for process in self.started)
-
-    def stop(self) -> None:
-        for process in self.started:
-            self.procs.stop(process)
-
-
-def _cpu_now(workers: _Starter) -> dict[str, float]:
-    return {
-        "workers": workers.cpu_seconds(),
-        "postgres": server_cpu_seconds("postgres"),
-        "redis": server_cpu_seconds("redis-server"),
-    }
-
-
-def _drain(
-    workers: _Starter, deliveries: int, messages: int, redis_url: str, done: Callable[[], bool]
-) -> dict:
-    """Start the workers on a queue holding ``messages`` messages for
-    ``deliveries`` deliveries (the no-op's: one task each); time from the first
-    message taken to ``done``, and count the CPU each side spent per delivery
-    meanwhile (from the workers' ready, so their start-up is not counted)."""
-    client = redis.Redis.from_url(redis_url)
-    first_taken: list[float] = []
-
-    def watch() -> None:
-        while not first_taken:
-            if _queue_length(client) < messages:
-                first_taken.append(time.monotonic())
-                return
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    workers()
-    cpu_before = _cpu_now(workers)
-    wait_until(done, timeout=1800, what="the queue to drain", every=0.05)
-    finished = time.monotonic()
-    cpu_after = _cpu_now(workers)
-    watcher.join(5)
-    client.close()
-    if not first_taken:
-        raise BenchError("never saw the queue shrink")
-    elapsed = finished - first_taken[0]
-    return {
-        "deliveries": deliveries,
-        "messages": messages,
-        "elapsed_s": round(elapsed, 3),
-        "rate_per_s": round(deliveries / elapsed, 1),
-        "cpu_ms_per_delivery": {
-            side: round(1000 * (cpu_after[side] - cpu_before[side]) / deliveries, 3)
-            for side in cpu_before
-        },
-    }
-
-
 def _worker_shape(keys_per_message: int) -> dict[str, Any]:
     """The pool and threads of each worker process: taskhook's defaults, which
     the workers started here (and the no-op baseline's) run with; and how many
@@ -666,234 +480,21 @@ def end_to_end(bench: Bench) -> dict[str, Any]:
     keys_per_message = _relay_keys_per_message(sizes)
     configs: dict[str, Any] = {}
     peaks: dict[str, dict] = {}
-    with _end_to_end_rig(bench, keys_per_message) as rig:
+    with end_to_end_rig(bench, keys_per_message) as rig:
         for workers in sizes.e2e_workers:
             rounds, round_peaks = [], []
             for round_ in range(sizes.e2e_rounds):
                 record, peak_rss_mib = rig.one_round(workers, round_)
                 rounds.append(record)
                 round_peaks.append(peak_rss_mib)
-            configs[f"{workers} worker process(es)"] = _summary_of_rounds(rounds)
-            peaks[f"{workers}"] = _peaks_across(round_peaks)
+            configs[f"{workers} worker process(es)"] = summary_of_rounds(rounds)
+            peaks[f"{workers}"] = peaks_across(round_peaks)
     return _report_end_to_end(bench, configs, peaks, keys_per_message)
 
 
 def _relay_keys_per_message(sizes: Sizes) -> int:
     # 0: taskhook's default; --set e2e_keys_per_message=1 measures one key per message.
     return sizes.e2e_keys_per_message or Settings.model_fields["relay_keys_per_message"].default
-
-
-@dataclass
-class _EndToEndRig:
-    """What every round of the end-to-end benchmark runs on: one ingress on a
-    throwaway database, a private Redis as the broker, and a connection that
-    watches the inbox."""
-
-    bench: Bench
-    database: str
-    redis_url: str
-    client: redis.Redis
-    env: dict[str, str]
-    ingress_process: Process
-    url: str
-    watcher: psycopg.Connection
-
-    @property
-    def deliveries(self) -> int:
-        return self.bench.sizes.e2e_deliveries
-
-    def one_round(self, workers: int, round_: int) -> tuple[dict[str, Any], dict[str, float]]:
-        """Both drains with ``workers`` processes, and their ratio; with the
-        peak RSS of taskhook's processes meanwhile."""
-        # The order alternates by round, the ratio is taken per round and the
-        # median reported: a burst of load from a neighbour then hits one
-        # round of both rather than one side of the comparison.
-        if round_ % 2 == 0:
-            noop = self.drain_noops(workers)
-            run = self.drain_deliveries(workers)
-        else:
-            run = self.drain_deliveries(workers)
-            noop = self.drain_noops(workers)
-        ratio = report.ratio(run["drain"]["rate_per_s"], noop["rate_per_s"])
-        self.bench.say(f"  round {round_}, {workers} process(es): {ratio}x no-op")
-        record = {
-            "noop_drain": noop,
-            "taskhook_drain": run["drain"],
-            "ratio": ratio,
-            "ingress_post": run["ingress_post"],
-            "counts": run["counts"],
-            "exact": run["exact"],
-        }
-        return record, run["peak_rss_mib"]
-
-    def drain_noops(self, workers: int) -> dict:
-        """The baseline: Celery draining n no-op tasks with taskhook's settings."""
-        n = self.deliveries
-        _flush(self.redis_url)
-        _enqueue_noops(self.redis_url, n)
-        noop_workers = _Starter(
-            self.bench.processes, f"noop-p{workers}", "bench.noop", self.env, workers
-        )
-        noop = _drain(noop_workers, n, n, self.redis_url, self.noop_done)
-        noop_workers.stop()
-        self.bench.say(
-            f"  no-op drain, {workers} process(es): {noop['rate_per_s']}/s;"
-            f" CPU ms per task {noop['cpu_ms_per_delivery']}"
-        )
-        return noop
-
-    def drain_deliveries(self, workers: int) -> dict:
-        """taskhook: n deliveries through the ingress (no worker yet), then the drain."""
-        n = self.deliveries
-        _flush(self.redis_url)
-        taskhook.reset(self.database)
-        posted = self.post_deliveries(workers)
-        messages = _queue_length(self.client)
-        sampler = Sampler({"ingress": self.ingress_process})
-        sampler.start()
-        taskhook_workers = _Starter(
-            self.bench.processes,
-            f"taskhook-p{workers}",
-            "worker",
-            self.env,
-            workers,
-            sampler=sampler,
-        )
-        drained = _drain(taskhook_workers, n, messages, self.redis_url, self.all_done)
-        sampler.stop()
-        counts = taskhook.outcome_counts(self.database)
-        taskhook_workers.stop()
-        self.bench.say(
-            f"  taskhook drain, {workers} process(es): {drained['rate_per_s']}/s;"
-            f" {messages} messages; CPU ms per delivery {drained['cpu_ms_per_delivery']};"
-            f" ingress {posted['throughput_rps']}/s"
-        )
-        return {
-            "drain": drained,
-            "peak_rss_mib": sampler.peaks(),
-            "ingress_post": {
-                key: posted[key] for key in ("throughput_rps", "completed", "errors", "latency")
-            },
-            "counts": counts,
-            "exact": _every_delivery_done(counts, n),
-        }
-
-    def post_deliveries(self, workers: int) -> dict:
-        """n deliveries answered by the ingress, and every key published by its relay."""
-        n = self.deliveries
-        posted = self.bench.load(
-            self.url,
-            tag=_tag(f"e2e-{workers}"),
-            requests=n,
-            concurrency=self.bench.sizes.concurrency,
-        )
-        if posted["completed"] != n:
-            raise BenchError(
-                f"the ingress answered {posted['completed']} of {n}: {posted['error_kinds']}"
-            )
-        wait_until(
-            lambda: _relay_published(self.url) >= n,
-            timeout=120,
-            what="the relay to publish every key",
-        )
-        return posted
-
-    def noop_done(self) -> bool:
-        return _queue_length(self.client) == 0 and self.client.hlen("unacked") == 0
-
-    def all_done(self) -> bool:
-        # Counting the inbox costs the database CPU the workers need, so
-        # it is counted only once the broker is empty (the no-ops' test).
-        return self.noop_done() and taskhook.finished_count(self.watcher) >= self.deliveries
-
-
-def _every_delivery_done(counts: dict[str, Any], n: int) -> bool:
-    """Exactly one settled task per delivery, and every inbox row done."""
-    return (
-        counts["tasks"] == n
-        and counts["tasks_settled"] == n
-        and counts["deliveries_by_status"].get("done") == n
-    )
-
-
-@contextlib.contextmanager
-def _end_to_end_rig(bench: Bench, keys_per_message: int) -> Iterator[_EndToEndRig]:
-    """The ingress started on a throwaway database, its relay putting
-    ``keys_per_message`` keys in each message; all of it gone afterwards."""
-    procs = bench.processes
-    redis_url = procs.redis()
-    with (
-        contextlib.closing(redis.Redis.from_url(redis_url)) as client,
-        throwaway_database() as database,
-    ):
-        taskhook.prepare(database)
-        env = taskhook.environment(
-            database, redis_url, TASKHOOK_RELAY_KEYS_PER_MESSAGE=str(keys_per_message)
-        )
-        ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
-        with psycopg.connect(libpq_url(database), autocommit=True) as watcher:
-            yield _EndToEndRig(
-                bench, database, redis_url, client, env, ingress_process, url, watcher
-            )
-
-
-def _summary_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One worker count's rounds: the median of each rate, CPU cost and ratio,
-    with every round kept as measured."""
-    return {
-        "noop_drain": {
-            "rate_per_s": report.median([r["noop_drain"]["rate_per_s"] for r in rounds])
-        },
-        "taskhook_drain": {
-            "rate_per_s": report.median([r["taskhook_drain"]["rate_per_s"] for r in rounds]),
-            "messages": report.median([r["taskhook_drain"]["messages"] for r in rounds]),
-        },
-        "cpu_ms_per_delivery": {
-            side: {
-                part: round(
-                    statistics.median(r[key]["cpu_ms_per_delivery"][part] for r in rounds),
-                    3,
-                )
-                for part in ("workers", "postgres", "redis")
-            }
-            for side, key in (("noop", "noop_drain"), ("taskhook", "taskhook_drain"))
-        },
-        "ratio_vs_noop": statistics.median(r["ratio"] for r in rounds),
-        "ratios_per_round": [r["ratio"] for r in rounds],
-        "rounds": rounds,
-        "counts": rounds[-1]["counts"],
-        "exact": all(r["exact"] for r in rounds),
-    }
-
-
-def drain_rows(configs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chart's rows of drains summarized by :func:`_summary_of_rounds`,
-    by label: the no-op's rate, then taskhook's."""
-    rows = []
-    for label, config in configs.items():
-        rows.append({"label": f"no-op drain\n{label}", "rate": config["noop_drain"]["rate_per_s"]})
-        rows.append(
-            {"label": f"taskhook drain\n{label}", "rate": config["taskhook_drain"]["rate_per_s"]}
-        )
-    return rows
-
-
-def settled_goals(configs: dict[str, dict[str, Any]]) -> dict[str, bool]:
-    """The goal every drain has besides its rate, by label: every task settled
-    once and every inbox row done."""
-    return {
-        f"every task settled, every row done, {label}": config["exact"]
-        for label, config in configs.items()
-    }
-
-
-def _peaks_across(round_peaks: list[dict[str, float]]) -> dict[str, float]:
-    """The peak RSS of each process across every round."""
-    merged: dict[str, float] = {}
-    for peaks in round_peaks:
-        for name, peak in peaks.items():
-            merged[name] = max(merged.get(name, 0.0), peak)
-    return merged
 
 
 def _report_end_to_end(
@@ -924,12 +525,6 @@ def _report_end_to_end(
 # --- 3. redelivery storm ------------------------------------------------------------------------
 
 
-def _relay_published(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    match = re.search(r"^taskhook_relay_published_total (\S+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
-
-
 def storm(bench: Bench) -> dict[str, Any]:
     """The duplicate path against the new path, then a storm of every delivery
     three times over, shuffled, with the workers running."""
@@ -951,9 +546,9 @@ def _duplicate_vs_new_rounds(bench: Bench, url: str, database: str, redis_url: s
     sizes = bench.sizes
     compare = []
     for round_ in range(sizes.storm_rounds):
-        _flush(redis_url)
+        flush(redis_url)
         taskhook.reset(database)
-        tag = _tag(f"compare-{round_}")
+        tag = taskhook.tag(f"compare-{round_}")
         new = bench.load(url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency)
         again = bench.load(
             url, tag=tag, requests=sizes.storm_compare, concurrency=sizes.concurrency
@@ -990,14 +585,14 @@ def _redelivery_storm(
 ) -> _StormRun:
     """Every delivery three times, shuffled, with a worker running, until all settle."""
     procs, n = bench.processes, bench.sizes.storm_deliveries
-    _flush(redis_url)
+    flush(redis_url)
     taskhook.reset(database)
-    published_before = _relay_published(url)
+    published_before = taskhook.relay_published(url)
     workers = procs.celery_worker("taskhook", "worker", env)
     order = [index for index in range(n) for _ in range(3)]
     random.Random(6).shuffle(order)
     started = time.monotonic()
-    posted = bench.load(url, tag=_tag("storm"), order=order, concurrency=64)
+    posted = bench.load(url, tag=taskhook.tag("storm"), order=order, concurrency=64)
     wait_until(
         lambda: taskhook.finished_count(watcher) >= n,
         timeout=1800,
@@ -1007,7 +602,7 @@ def _redelivery_storm(
     elapsed = time.monotonic() - started
     time.sleep(1.0)  # anything a duplicate might still have set off
     counts = taskhook.outcome_counts(database)
-    published = _relay_published(url) - published_before
+    published = taskhook.relay_published(url) - published_before
     procs.stop(workers)
     return _StormRun(posted, len(order), elapsed, counts, published)
 
@@ -1062,47 +657,6 @@ def _report_storm(bench: Bench, compare: list, run: _StormRun) -> dict[str, Any]
 
 # --- 4. scale ------------------------------------------------------------------------------------
 
-_BULK_TASKS = """
-INSERT INTO tasks (workspace_id, identifier, title, step_id, created_at, updated_at,
-                   external_id, external_id_settled_at, created_by_delivery)
-SELECT %(workspace)s, 'BULK-' || g, 'bulk-loaded task ' || g, %(step)s, now(), now(),
-       'gh-issue/bulk/load#' || g, now(), NULL
-FROM generate_series(%(first)s::int, %(last)s::int) AS g
-"""
-_BULK_DELIVERIES = """
-INSERT INTO deliveries (source_id, delivery_id, hook_id, body, body_sha256, content_type,
-                        event, action, headers, received_at, updated_at, status, attempts,
-                        outcome, payload_mismatches)
-SELECT %(source)s, 'bulk-' || g, '123456', %(body)s, md5(g::text) || md5(g::text),
-       'application/json', 'issues.opened', 'opened', '{}', now(), now(), 'done', 1,
-       'created', 0
-FROM generate_series(%(first)s::int, %(last)s::int) AS g
-"""
-
-
-def _bulk_load(database: str, rows: int) -> float:
-    started = time.monotonic()
-    with psycopg.connect(libpq_url(database), autocommit=True) as connection:
-        workspace, step = connection.execute(
-            "SELECT w.id, s.id FROM workspaces w JOIN workflow_steps s ON s.workspace_id = w.id "
-            "ORDER BY s.position LIMIT 1"
-        ).fetchone()
-        source = connection.execute(
-            "SELECT id FROM webhook_sources WHERE provider = 'github'"
-        ).fetchone()[0]
-        body = b'{"bulk": true, "padding": "' + b"x" * 300 + b'"}'
-        for first in range(1, rows + 1, 100_000):
-            last = min(rows, first + 99_999)
-            connection.execute(
-                _BULK_TASKS, {"workspace": workspace, "step": step, "first": first, "last": last}
-            )
-            connection.execute(
-                _BULK_DELIVERIES, {"source": source, "body": body, "first": first, "last": last}
-            )
-        connection.execute("VACUUM ANALYZE tasks")
-        connection.execute("VACUUM ANALYZE deliveries")
-    return time.monotonic() - started
-
 
 def _time_creates(database: str, count: int, prefix: str) -> list[float]:
     """``count`` creates of new external ids through ``models.tasks.create_task``, one
@@ -1140,7 +694,7 @@ def scale(bench: Bench) -> dict[str, Any]:
         for rows in sizes.scale_sizes:
             database = stack.enter_context(throwaway_database())
             taskhook.prepare(database)
-            loaded[rows] = round(_bulk_load(database, rows), 1)
+            loaded[rows] = round(taskhook.bulk_load(database, rows), 1)
             databases[rows] = database
             bench.say(f"  bulk-loaded {rows} tasks and {rows} inbox rows in {loaded[rows]} s")
         creates: dict[int, list[float]] = {rows: [] for rows in databases}
@@ -1152,15 +706,15 @@ def scale(bench: Bench) -> dict[str, Any]:
             _, servers[rows] = procs.uvicorn(
                 f"taskhook-{rows}", "ingest.app:app", taskhook.environment(database, redis_url)
             )
-            bench.load(servers[rows], tag=_tag(f"warm-{rows}"), duration=1.0, concurrency=8)
+            bench.load(servers[rows], tag=taskhook.tag(f"warm-{rows}"), duration=1.0, concurrency=8)
         ingress_runs: dict[int, list[dict]] = {rows: [] for rows in databases}
         for round_ in range(sizes.scale_rounds):
             for rows, url in servers.items():
-                _flush(redis_url)
+                flush(redis_url)
                 ingress_runs[rows].append(
                     bench.load(
                         url,
-                        tag=_tag(f"scale-{rows}-{round_}"),
+                        tag=taskhook.tag(f"scale-{rows}-{round_}"),
                         duration=sizes.scale_ingress_seconds,
                         concurrency=sizes.concurrency,
                     )
@@ -1232,7 +786,9 @@ def memory(bench: Bench) -> dict[str, Any]:
         sampler.start()
         watcher = psycopg.connect(libpq_url(database), autocommit=True)
         started = time.monotonic()
-        posted = bench.load(url, tag=_tag("memory"), requests=n, concurrency=sizes.concurrency)
+        posted = bench.load(
+            url, tag=taskhook.tag("memory"), requests=n, concurrency=sizes.concurrency
+        )
         wait_until(
             lambda: taskhook.finished_count(watcher) >= n,
             timeout=3600,

@@ -3,6 +3,11 @@ the environment of its processes, and the counts a benchmark checks."""
 
 from __future__ import annotations
 
+import re
+import time
+import uuid
+
+import httpx
 import psycopg
 
 from bench.processes import clean_environment, libpq_url
@@ -95,3 +100,60 @@ def outcome_counts(database_url: str) -> dict[str, object]:
         "claims_total": int(attempts),
         "claims_max_per_delivery": int(most),
     }
+
+
+def tag(name: str) -> str:
+    """A tag for one load's requests, unique to the run, readable by ``name``."""
+    return f"{re.sub('[^a-z0-9]+', '-', name.lower())}-{uuid.uuid4().hex[:8]}"
+
+
+def relay_published(url: str) -> float:
+    """The keys the ingress at ``url`` has published to the broker, from its metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    match = re.search(r"^taskhook_relay_published_total (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+_BULK_TASKS = """
+INSERT INTO tasks (workspace_id, identifier, title, step_id, created_at, updated_at,
+                   external_id, external_id_settled_at, created_by_delivery)
+SELECT %(workspace)s, 'BULK-' || g, 'bulk-loaded task ' || g, %(step)s, now(), now(),
+       'gh-issue/bulk/load#' || g, now(), NULL
+FROM generate_series(%(first)s::int, %(last)s::int) AS g
+"""
+
+
+_BULK_DELIVERIES = """
+INSERT INTO deliveries (source_id, delivery_id, hook_id, body, body_sha256, content_type,
+                        event, action, headers, received_at, updated_at, status, attempts,
+                        outcome, payload_mismatches)
+SELECT %(source)s, 'bulk-' || g, '123456', %(body)s, md5(g::text) || md5(g::text),
+       'application/json', 'issues.opened', 'opened', '{}', now(), now(), 'done', 1,
+       'created', 0
+FROM generate_series(%(first)s::int, %(last)s::int) AS g
+"""
+
+
+def bulk_load(database: str, rows: int) -> float:
+    """``rows`` settled tasks and their finished deliveries, loaded in bulk; the seconds it took."""
+    started = time.monotonic()
+    with psycopg.connect(libpq_url(database), autocommit=True) as connection:
+        workspace, step = connection.execute(
+            "SELECT w.id, s.id FROM workspaces w JOIN workflow_steps s ON s.workspace_id = w.id "
+            "ORDER BY s.position LIMIT 1"
+        ).fetchone()
+        source = connection.execute(
+            "SELECT id FROM webhook_sources WHERE provider = 'github'"
+        ).fetchone()[0]
+        body = b'{"bulk": true, "padding": "' + b"x" * 300 + b'"}'
+        for first in range(1, rows + 1, 100_000):
+            last = min(rows, first + 99_999)
+            connection.execute(
+                _BULK_TASKS, {"workspace": workspace, "step": step, "first": first, "last": last}
+            )
+            connection.execute(
+                _BULK_DELIVERIES, {"source": source, "body": body, "first": first, "last": last}
+            )
+        connection.execute("VACUUM ANALYZE tasks")
+        connection.execute("VACUUM ANALYZE deliveries")
+    return time.monotonic() - started

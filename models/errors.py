@@ -13,10 +13,7 @@ table needs.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, ClassVar
-
-if TYPE_CHECKING:
-    from models.inbox import Lease
+from typing import ClassVar, Protocol
 
 
 class ErrorKind(enum.Enum):
@@ -227,6 +224,18 @@ class NotReplayable(TaskStoreError):
     kind = ErrorKind.CONFLICT
 
 
+class HeldLease(Protocol):
+    """What :class:`LeaseTakenOver` reads of a lease (``models.inbox.Lease``):
+    declared here, so that the errors, below every module that raises them,
+    import none of those modules."""
+
+    @property
+    def delivery_pk(self) -> int: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+
 class LeaseTakenOver(TaskStoreError):
     """A newer attempt claimed the delivery: this attempt may write nothing more.
 
@@ -235,7 +244,7 @@ class LeaseTakenOver(TaskStoreError):
 
     kind = ErrorKind.CONFLICT
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: HeldLease) -> None:
         super().__init__(
             f"delivery {lease.delivery_pk}: attempt {lease.attempt} was taken over by a newer one"
         )
