@@ -2,7 +2,7 @@
 
 Commands that send a Celery message (``release``, ``deliveries replay``,
 ``deliveries replay-matching``) get a fake app through
-``worker.cli.load_celery_app``: it records what would be sent and answers as
+``worker.cli.runtime.load_celery_app``: it records what would be sent and answers as
 the operator worker would, running the real service function against the
 same database. The round trip through a real broker and
 a real operator worker belongs to the end-to-end tests.
@@ -59,6 +59,7 @@ from tests.integration.scenarios import (
 )
 from worker import cli as cli_module
 from worker.cli import EXIT_NO_ANSWER, cli
+from worker.cli import runtime as cli_runtime
 from worker.operator import release_identity as operator_release
 
 PUBLIC_URL = "https://hooks.example.com"
@@ -131,7 +132,7 @@ class FakeApp:
 @pytest.fixture
 def celery(monkeypatch: pytest.MonkeyPatch) -> FakeApp:
     app = FakeApp()
-    monkeypatch.setattr(cli_module, "load_celery_app", lambda: app)
+    monkeypatch.setattr(cli_runtime, "load_celery_app", lambda: app)
     return app
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 # Not used here: tests patch ``getpass.getuser`` through ``worker.cli.getpass``.
 import getpass  # noqa: F401
-from typing import Any
 
 import click
 
@@ -53,19 +52,7 @@ from worker.cli.tasks import explain, release, task
 from worker.cli.tokens import token
 from worker.cli.workspaces import workspace
 
-__all__ = ["EXIT_NO_ANSWER", "cli", "load_celery_app", "main"]
-
-
-def load_celery_app() -> Any:
-    """The Celery app, imported only by the commands that send a message.
-
-    A module-level hook: tests replace it with a fake app to see what would
-    be sent without a broker. The commands call it as ``worker.cli.load_celery_app``,
-    looked up when they run, so the replacement is what they get.
-    """
-    from worker.celery_app import app
-
-    return app
+__all__ = ["EXIT_NO_ANSWER", "cli", "main"]
 
 
 @click.group(cls=TaskhookGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,6 +13,7 @@ import click
 from models.broker.messages import DELIVERIES_QUEUE, message_groups, task_for
 from models.catchup import checked_repo
 from models.tables import utcnow
+from worker.cli import runtime as cli_runtime
 from worker.cli.output import emit_json, json_option, print_fields
 from worker.cli.params import checked_by
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
@@ -215,6 +216,5 @@ _READ = {
 
 
 def _load_celery_app():
-    from worker import cli as cli_package
-
-    return cli_package.load_celery_app()
+    # Looked up at call time, so that the tests' replacement takes effect here.
+    return cli_runtime.load_celery_app()

@@ -27,9 +27,9 @@ from models.reports import (
 from models.retention import Policy, plan, prune
 from models.tables import utcnow
 
-# The package itself, for the load_celery_app hook: looked up at call time, so
-# that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
-from worker import cli as cli_package
+# The module itself, for the load_celery_app hook: looked up at call time, so
+# that replacing ``worker.cli.runtime.load_celery_app`` (as the tests do) takes effect here.
+from worker.cli import runtime as cli_runtime
 from worker.cli.output import (
     emit_json,
     format_age,
@@ -161,7 +161,7 @@ def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> 
         replay(session=session, delivery_pk=delivery)
     # Committed: only now may a worker see the message (store, commit, then enqueue).
     try:
-        cli_package.load_celery_app().send_task(
+        cli_runtime.load_celery_app().send_task(
             PROCESS_DELIVERY, args=[delivery], queue=DELIVERIES_QUEUE
         )
         enqueued, problem = True, None
@@ -298,7 +298,7 @@ def deliveries_replay_matching(
         for group in message_groups(keys, per_message):
             task, args = task_for(group)
             try:
-                cli_package.load_celery_app().send_task(task, args=args, queue=DELIVERIES_QUEUE)
+                cli_runtime.load_celery_app().send_task(task, args=args, queue=DELIVERIES_QUEUE)
             except Exception as error:
                 if not unsent:
                     click.echo(

@@ -28,6 +28,21 @@ from models.settings import Settings
 EXIT_NO_ANSWER = 3
 
 
+def load_celery_app() -> Any:
+    """The Celery app, imported only by the commands that send a message.
+
+    A module-level hook: tests replace it with a fake app to see what would
+    be sent without a broker. The commands call it as
+    ``worker.cli.runtime.load_celery_app``, looked up when they run, so the
+    replacement is what they get. It lives here, below every command module,
+    rather than in the package that imports them all: there it made each
+    command that sends a message and the package import each other.
+    """
+    from worker.celery_app import app
+
+    return app
+
+
 # --- errors ---------------------------------------------------------------------------
 
 

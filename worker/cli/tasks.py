@@ -21,9 +21,9 @@ from models.reports import Lineage, TaskView, lineage, task_named, timeline
 from models.tables import utcnow
 from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
 
-# The package itself, for the load_celery_app hook: looked up at call time, so
-# that replacing ``worker.cli.load_celery_app`` (as the tests do) takes effect here.
-from worker import cli as cli_package
+# The module itself, for the load_celery_app hook: looked up at call time, so
+# that replacing ``worker.cli.runtime.load_celery_app`` (as the tests do) takes effect here.
+from worker.cli import runtime as cli_runtime
 from worker.cli.deliveries import print_deliveries
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
 from worker.cli.params import checked_by, operator_or_os_user
@@ -405,7 +405,7 @@ def _send_release(runtime: CommandRuntime, args: list[Any], *, within: float) ->
     operator passes (about 20 s on Redis), whatever the broker. A send still
     trying when the command exits has published nothing, and dies with it.
     """
-    app = cli_package.load_celery_app()
+    app = cli_runtime.load_celery_app()
     sent: dict[str, Any] = {}
 
     def send() -> None:
