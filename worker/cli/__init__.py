@@ -21,8 +21,8 @@ made when a command runs (the app only by the commands that send a message).
 Secrets are printed exactly once -- when ``taskhook`` generates one -- and
 never listed.
 
-Layout: ``runtime`` (settings, engine, sessions; the errors and the root
-group's error translation), ``output`` (``--json``, tables, fields), and one
+Layout: ``runtime`` (settings, engine, sessions, the Celery app hook; the
+errors and the root group's error translation), ``output`` (``--json``, tables, fields), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
 lookup, explain, release), ``deliveries`` (list, show, replay, replay-matching,
 stats), ``operations`` (the history of bulk replays),
