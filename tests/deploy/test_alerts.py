@@ -25,8 +25,8 @@ from sqlalchemy import select
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.tables import CatchUpRun, IngressHeartbeat, WebhookSource, utcnow
-from tests.conftest import Store
-from tests.deploy.conftest import post, scraped
+from tests.support.metrics import post, scraped
+from tests.support.stores import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "taskhook-alerts.yml"

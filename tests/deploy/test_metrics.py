@@ -17,8 +17,8 @@ from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.sources import set_source_enabled
 from models.tables import Delivery, WebhookSource, utcnow
-from tests.conftest import Store
-from tests.deploy.conftest import post, scraped, value
+from tests.support.metrics import post, scraped, value
+from tests.support.stores import Store
 
 GITHUB_CREATES = ["issues__opened", "pull_request__opened", "issues__opened_with_organization"]
 JIRA_CREATE = "jira_issue_created__cloud"

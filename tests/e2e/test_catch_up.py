@@ -24,8 +24,8 @@ from models.db import session_scope
 from models.sources import add_source
 from models.tables import Delivery, Task, WebhookSource, utcnow
 from models.workspaces import create_workspace
-from tests.deliveries import FIXTURES, github_headers
-from tests.e2e.conftest import ROOT, finished, wait_until, worker_environment
+from tests.support.deliveries import FIXTURES, github_headers
+from tests.support.processes import ROOT, finished, wait_until, worker_environment
 
 pytestmark = pytest.mark.e2e
 #: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).

@@ -1,7 +1,7 @@
 """The operator console (/console) in a real headless Chromium: a real uvicorn
 ingress and a real Celery worker on PostgreSQL and Redis, deliveries posted to
 the webhook route signed as GitHub and Jira sign them. Every test is a
-browser session of its own (tests/e2e/browser.py), which fails on any dialog,
+browser session of its own (tests/support/browser.py), which fails on any dialog,
 uncaught script error or Content-Security-Policy violation.
 
 With TASKHOOK_CONSOLE_SCREENSHOTS=DIR set, each view is saved as
@@ -27,9 +27,9 @@ from models.sources import add_secret, add_source
 from models.tables import ApiToken, Delivery, SourceSecret, Task, WebhookSource
 from models.tokens import issue_token
 from models.workspaces import create_workspace
-from tests.deliveries import fixture, github_headers, jira_headers
-from tests.e2e.browser import BrowserLog, screenshot, sign_in
-from tests.e2e.conftest import Ingress, StartWorker, finished, wait_until
+from tests.support.browser import BrowserLog, screenshot, sign_in
+from tests.support.deliveries import fixture, github_headers, jira_headers
+from tests.support.processes import Ingress, StartWorker, finished, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ import pytest
 from models.db import make_engine, make_session_factory, session_scope
 from models.tokens import issue_token
 from models.workspaces import create_workspace
-from tests.e2e.conftest import Ingress, wait_until
+from tests.support.processes import Ingress, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from models.db import session_scope
 from models.sources import add_source
 from models.tokens import issue_token
 from models.workspaces import create_workspace
-from tests.deliveries import fixture, github_headers
-from tests.e2e.conftest import Ingress, StartWorker
+from tests.support.deliveries import fixture, github_headers
+from tests.support.processes import Ingress, StartWorker
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from models.db import make_engine, make_session_factory, session_scope
 from models.tokens import issue_token
 from models.workspaces import create_workspace
-from tests.e2e.conftest import READY_TIMEOUT, ROOT, WorkerProcess, free_port, wait_until
+from tests.support.processes import READY_TIMEOUT, ROOT, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 

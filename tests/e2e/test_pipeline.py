@@ -20,8 +20,8 @@ from models.db import session_scope
 from models.sources import add_source
 from models.tables import Delivery, Task, TaskSource
 from models.workspaces import create_workspace
-from tests.deliveries import fixture, github_headers, jira_headers
-from tests.e2e.conftest import Ingress, StartWorker, finished, wait_until
+from tests.support.deliveries import fixture, github_headers, jira_headers
+from tests.support.processes import Ingress, StartWorker, finished, wait_until
 
 pytestmark = pytest.mark.e2e
 #: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).

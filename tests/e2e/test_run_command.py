@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT, WorkerProcess, free_port, wait_until
+from tests.support.processes import ROOT, WorkerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 

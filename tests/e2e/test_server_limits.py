@@ -29,8 +29,8 @@ from models.settings import Settings
 from models.sources import add_source
 from models.tables import Delivery
 from models.workspaces import create_workspace
-from tests.deliveries import fixture, github_headers
-from tests.e2e.conftest import Ingress
+from tests.support.deliveries import fixture, github_headers
+from tests.support.processes import Ingress
 
 pytestmark = pytest.mark.e2e
 

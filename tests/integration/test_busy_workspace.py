@@ -24,9 +24,9 @@ from sqlalchemy import select
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Task
 from models.tasks import CreateOutcome, NewTask, create_task
-from tests.conftest import TRUSTED, Store
-from tests.integration.worker.feeds import make_feed, store_github_issue
-from tests.integration.worker.runs import SETTINGS, run
+from tests.support.feeds import make_feed, store_github_issue
+from tests.support.runs import SETTINGS, run
+from tests.support.stores import TRUSTED, Store
 
 THREADS = 8
 CREATES_PER_THREAD = 24

@@ -19,11 +19,11 @@ from models.catchup import log_settings, set_app_access, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
 from models.tables import CatchUpRun, CatchUpSource, Delivery, Workspace, utcnow
-from tests.conftest import Store
-from tests.deliveries import FIXTURES
-from tests.integration.scenarios import a_source
-from tests.integration.worker.feeds import tasks_of
-from tests.integration.worker.runs import run
+from tests.support.deliveries import FIXTURES
+from tests.support.feeds import tasks_of
+from tests.support.runs import run
+from tests.support.scenarios import a_source
+from tests.support.stores import Store
 from worker.catchup.github_log import ApiUnavailable, BadCredentials, DeliveryLog, RateLimited
 from worker.catchup.service import catch_up_github
 

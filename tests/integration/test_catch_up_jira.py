@@ -16,9 +16,9 @@ from models.db import session_scope
 from models.errors import InvalidSource
 from models.sources import add_source
 from models.tables import CatchUpRun, CatchUpSource, Delivery, Task, utcnow
-from tests.conftest import Store
-from tests.integration.scenarios import SECRET
-from tests.integration.worker.runs import run
+from tests.support.runs import run
+from tests.support.scenarios import SECRET
+from tests.support.stores import Store
 from worker.catchup.api import ApiUnavailable, BadCredentials, UnexpectedResponse
 from worker.catchup.jira_search import JiraSearch
 from worker.catchup.service import catch_up_jira

@@ -19,9 +19,9 @@ from models.errors import InvalidSource
 from models.sources import add_source
 from models.tables import CatchUpRun, Delivery, Task, Workspace, utcnow
 from models.tasks import release_external_id
-from tests.conftest import Store
-from tests.integration.scenarios import SECRET
-from tests.integration.worker.runs import run
+from tests.support.runs import run
+from tests.support.scenarios import SECRET
+from tests.support.stores import Store
 from worker.catchup.api import ApiUnavailable, BadCredentials
 from worker.catchup.service import scan_github
 

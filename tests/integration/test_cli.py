@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 from celery.exceptions import TimeoutError as CeleryTimeout
-from click.testing import CliRunner, Result
 from sqlalchemy import update
 
 from bench.fakes.github_api import FakeGitHub
@@ -45,9 +44,9 @@ from models.sources import add_source, verifying_source
 from models.tables import CatchUpSource, Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from models.tokens import authenticate
-from tests.conftest import TRUSTED, Store
-from tests.deliveries import FIXTURES
-from tests.integration.scenarios import (
+from tests.support.cli import PUBLIC_URL, as_json, refused, taskhook, usage_error
+from tests.support.deliveries import FIXTURES
+from tests.support.scenarios import (
     EXTERNAL_ID,
     SECRET,
     Crash,
@@ -57,45 +56,14 @@ from tests.integration.scenarios import (
     park,
     settle_as,
 )
+from tests.support.stores import TRUSTED, Store
 from worker import cli as cli_module
-from worker.cli import EXIT_NO_ANSWER, cli
+from worker.cli import EXIT_NO_ANSWER
 from worker.cli import runtime as cli_runtime
 from worker.operator import release_identity as operator_release
 
-PUBLIC_URL = "https://hooks.example.com"
 RELEASE = ("release", "--workspace", "acme", EXTERNAL_ID)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def taskhook(store_or_url: Store | str, *args: str, input: str | None = None) -> Result:
-    """Run one ``taskhook`` command against the store, as a fresh process would."""
-    url = store_or_url if isinstance(store_or_url, str) else store_or_url.url
-    runner = CliRunner(env={"TASKHOOK_DATABASE_URL": url, "TASKHOOK_PUBLIC_URL": PUBLIC_URL})
-    result = runner.invoke(cli, list(args), input=input)
-    # Whatever the user got wrong, a command ends with an exit code, never a traceback.
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    assert "Traceback" not in result.output
-    return result
-
-
-def refused(result: Result, exit_code: int = 1) -> str:
-    """The one-line error of a refused command."""
-    assert result.exit_code == exit_code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    return lines[0]
-
-
-def usage_error(result: Result) -> str:
-    """The error line of a usage error: exit 2, click's usage, then one line."""
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.stderr
-    return result.stderr.strip().splitlines()[-1]
-
-
-def as_json(result: Result) -> Any:
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
 
 
 # --- a fake Celery app ----------------------------------------------------------------------

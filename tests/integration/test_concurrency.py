@@ -15,7 +15,7 @@ import pytest
 
 from models.db import make_engine, make_session_factory
 from models.tasks import CreateHooks, CreateOutcome, NewTask, create_task
-from tests.conftest import TRUSTED, Store
+from tests.support.stores import TRUSTED, Store
 
 THREADS = 32
 ROUNDS = 10

@@ -29,7 +29,7 @@ from models.tasks import (
     delete_task,
     release_external_id,
 )
-from tests.conftest import TRUSTED, Store
+from tests.support.stores import TRUSTED, Store
 
 JIRA = SourceLink(
     provider="jira", url="https://acme.atlassian.net/browse/PROJ-1", remote_key="PROJ-1"

@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 
 from models.db import session_scope, transaction
 from models.tables import Workspace
-from tests.conftest import Store
+from tests.support.stores import Store
 
 
 def test_a_failed_statement_never_shows_its_parameters(store: Store):

@@ -25,8 +25,8 @@ from models.tasks import (
     release_external_id,
 )
 from models.tokens import issue_token
-from tests.conftest import TRUSTED, Store
-from tests.integration.worker.feeds import make_feed, store_fixture
+from tests.support.feeds import make_feed, store_fixture
+from tests.support.stores import TRUSTED, Store
 from worker.processing import process_delivery
 
 

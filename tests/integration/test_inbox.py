@@ -29,7 +29,7 @@ from models.sources import (
     verifying_source,
 )
 from models.tables import Delivery, utcnow
-from tests.conftest import Store
+from tests.support.stores import Store
 
 BODY = b'{"webhookEvent": "jira:issue_created", "note": "\\u0000 stays escaped"}'
 

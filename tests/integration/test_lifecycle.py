@@ -25,7 +25,7 @@ from models.tasks import (
     get_task,
     release_external_id,
 )
-from tests.conftest import TRUSTED, Store
+from tests.support.stores import TRUSTED, Store
 
 
 def create(store: Store, workspace_id: int, external_id: str | None = "jira:PROJ-1"):

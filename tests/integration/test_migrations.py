@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from migrations import alembic_config, upgrade_to_head
 from models.db import make_engine
 from models.tables import EXTERNAL_ID_INDEX, Base
-from tests.conftest import POSTGRES_ADMIN_URL, Store, _libpq
+from tests.support.stores import POSTGRES_ADMIN_URL, Store, libpq
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -30,12 +30,12 @@ def empty_engine(request: pytest.FixtureRequest, tmp_path) -> Iterator[Engine]:
         engine.dispose()
         return
     name = f"taskhook_migrate_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
+    with psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     engine = make_engine(make_url(POSTGRES_ADMIN_URL).set(database=name))
     yield engine
     engine.dispose()
-    with psycopg.connect(_libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
+    with psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

@@ -23,8 +23,8 @@ from models.operations import (
 )
 from models.reports import list_deliveries
 from models.tables import Delivery, Operation, utcnow
-from tests.conftest import Store
-from tests.integration.scenarios import EXTERNAL_ID, a_source, create_by, settle_as
+from tests.support.scenarios import EXTERNAL_ID, a_source, create_by, settle_as
+from tests.support.stores import Store
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 PARIS = timezone(timedelta(hours=1))

@@ -13,7 +13,7 @@ from ingest.relay import celery_publisher
 from models.broker.connection import broker_queues, broker_transport_options
 from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY
 from models.settings import Settings
-from tests.brokers import rabbitmq_vhost, rabbitmqctl
+from tests.support.brokers import rabbitmq_vhost, rabbitmqctl
 from worker.celery_app import make_celery_app
 
 pytestmark = pytest.mark.rabbitmq

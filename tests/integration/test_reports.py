@@ -1,6 +1,6 @@
 """The operators' read-only reports, on both databases.
 
-Scenarios are built with ``tests/integration/scenarios.py``, as in
+Scenarios are built with ``tests/support/scenarios.py``, as in
 ``test_cli.py``.
 """
 
@@ -39,8 +39,7 @@ from models.tasks import (
     delete_task,
 )
 from models.tokens import issue_token, list_tokens, revoke_token
-from tests.conftest import TRUSTED, Store
-from tests.integration.scenarios import (
+from tests.support.scenarios import (
     EXTERNAL_ID,
     SECRET,
     a_delivery,
@@ -51,6 +50,7 @@ from tests.integration.scenarios import (
     release,
     settle_as,
 )
+from tests.support.stores import TRUSTED, Store
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 

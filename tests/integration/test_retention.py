@@ -24,15 +24,15 @@ from models.reports import inbox_disk_use, show_delivery
 from models.retention import NEVER_TOUCHED, Policy, plan, prune
 from models.settings import Settings
 from models.tables import Delivery, IdentityRelease, Task, TaskEvent, utcnow
-from tests.conftest import Store
-from tests.integration.scenarios import (
+from tests.support.cli import as_json, refused, taskhook
+from tests.support.scenarios import (
     EXTERNAL_ID,
     a_delivery,
     a_source,
     create_by,
     release,
 )
-from tests.integration.test_cli import as_json, refused, taskhook
+from tests.support.stores import Store
 from worker.cli import cli
 
 POLICY = Policy(body_days=30, row_days=90, batch=1000, pause_seconds=0)

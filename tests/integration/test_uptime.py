@@ -15,9 +15,9 @@ from models.db import session_scope
 from models.settings import Settings
 from models.tables import CatchUpRun, IngressHeartbeat, utcnow
 from models.uptime import Window, downtime, uncovered
-from tests.conftest import Store
-from tests.e2e.conftest import wait_until
-from tests.integration.scenarios import a_source
+from tests.support.processes import wait_until
+from tests.support.scenarios import a_source
+from tests.support.stores import Store
 from worker.cli import cli
 
 BEAT = 30.0  # seconds; a process counts as up until two beats after its last

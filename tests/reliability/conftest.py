@@ -4,7 +4,7 @@ used, the figures measured, and a time bound on every scenario.
 Run it all with ``pytest -m reliability`` (the README's ``scripts/test`` runs
 it with everything else); one scenario alone with its file, e.g.
 ``pytest tests/reliability/test_03_redis_flushed.py``. Bigger runs:
-``TASKHOOK_RELIABILITY_SCALE=10`` multiplies the counts (see ``scaled``).
+``TASKHOOK_RELIABILITY_SCALE=10`` multiplies the counts (see ``scaled`` in tests/support/stack.py).
 The figures of a run are printed at its end and written to
 ``figures.json`` in the run's log folder (and to ``$TASKHOOK_RELIABILITY_FIGURES``
 when set).
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -23,17 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.services import PrivatePostgres, PrivateRedis, ThrowawayDatabase
-from tests.reliability.stack import Stack
+from tests.support.services import PrivatePostgres, PrivateRedis, ThrowawayDatabase
+from tests.support.stack import SCALE, Stack
 
-#: Counts in the scenarios are multiplied by this (at least the issue's numbers).
-SCALE = max(1.0, float(os.environ.get("TASKHOOK_RELIABILITY_SCALE", "1")))
 #: No scenario may run longer than this many seconds (times the scale).
 SCENARIO_TIME_LIMIT = 300
-
-
-def scaled(count: int) -> int:
-    return math.ceil(count * SCALE)
 
 
 # --- a bound on every scenario -------------------------------------------------------------------

@@ -24,9 +24,9 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from tests.e2e.conftest import Ingress, finished, wait_until
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import (
+from tests.support.invariants import assert_invariants
+from tests.support.processes import Ingress, finished, wait_until
+from tests.support.stack import (
     Stack,
     Tenant,
     add_tenant,
@@ -35,7 +35,7 @@ from tests.reliability.stack import (
     outcomes,
     tasks_by_external_id,
 )
-from tests.reliability.traffic import post_all
+from tests.support.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

@@ -37,19 +37,19 @@ from models.db import session_scope
 from models.tables import Delivery as DeliveryRow
 from models.tables import Task, TaskSource, WebhookSource
 from models.tokens import issue_token
-from tests.e2e.conftest import Ingress, WorkerProcess, wait_until
-from tests.reliability.conftest import scaled
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import (
+from tests.support.invariants import assert_invariants
+from tests.support.processes import Ingress, WorkerProcess, wait_until
+from tests.support.stack import (
     Stack,
     add_tenant,
     database_view,
     kills_in,
     outcomes,
+    scaled,
     taskhook,
     tasks_by_external_id,
 )
-from tests.reliability.traffic import post_all
+from tests.support.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

@@ -19,18 +19,18 @@ import pytest
 from sqlalchemy import func, select
 
 from models.tables import Delivery as DeliveryRow
-from tests.e2e.conftest import wait_until
-from tests.reliability.conftest import scaled
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import (
+from tests.support.invariants import assert_invariants
+from tests.support.processes import wait_until
+from tests.support.stack import (
     add_tenant,
     database_view,
     outcomes,
+    scaled,
     swept_in,
     tasks_by_external_id,
     wait_drained,
 )
-from tests.reliability.traffic import post_all
+from tests.support.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

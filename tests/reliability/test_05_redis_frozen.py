@@ -22,17 +22,17 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.reliability.conftest import scaled
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.proxy import TcpProxy
-from tests.reliability.stack import (
+from tests.support.invariants import assert_invariants
+from tests.support.proxy import TcpProxy
+from tests.support.stack import (
     add_tenant,
     database_view,
     outcomes,
+    scaled,
     tasks_by_external_id,
     wait_drained,
 )
-from tests.reliability.traffic import Answers, post_all
+from tests.support.traffic import Answers, post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

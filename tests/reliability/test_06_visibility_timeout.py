@@ -27,10 +27,10 @@ from sqlalchemy import select
 
 from models.tables import Delivery as DeliveryRow
 from models.tables import Task, TaskSource
-from tests.e2e.conftest import finished, wait_until
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import add_tenant, database_view, wait_for_text
-from tests.reliability.traffic import post_all
+from tests.support.invariants import assert_invariants
+from tests.support.processes import finished, wait_until
+from tests.support.stack import add_tenant, database_view, wait_for_text
+from tests.support.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

@@ -25,10 +25,10 @@ from models.db import session_scope
 from models.tables import Delivery as DeliveryRow
 from models.tables import IdentityRelease, Task
 from models.tasks import CreateHooks, NewTask, create_task
-from tests.e2e.conftest import finished, wait_until
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import add_tenant, database_view, taskhook
-from tests.reliability.traffic import post_all
+from tests.support.invariants import assert_invariants
+from tests.support.processes import finished, wait_until
+from tests.support.stack import add_tenant, database_view, taskhook
+from tests.support.traffic import post_all
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

@@ -58,12 +58,17 @@ from models.settings import Settings
 from models.tables import Delivery as DeliveryRow
 from models.tables import Task, WebhookSource
 from models.tokens import issue_token
-from tests.deliveries import fixture, sign
-from tests.e2e.conftest import Ingress, WorkerProcess, free_port, wait_until, worker_environment
-from tests.reliability.conftest import scaled
-from tests.reliability.invariants import BAD_INPUT_REASONS, assert_invariants
-from tests.reliability.services import ThrowawayDatabase
-from tests.reliability.stack import Tenant, add_tenant, database_view
+from tests.support.deliveries import fixture, sign
+from tests.support.invariants import BAD_INPUT_REASONS, assert_invariants
+from tests.support.processes import (
+    Ingress,
+    WorkerProcess,
+    free_port,
+    wait_until,
+    worker_environment,
+)
+from tests.support.services import ThrowawayDatabase
+from tests.support.stack import Tenant, add_tenant, database_view, scaled
 from worker import processing
 
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres]

@@ -40,19 +40,19 @@ from models.broker.messages import PROCESS_DELIVERY
 from models.db import session_scope
 from models.settings import Settings
 from models.tables import Task, TaskSource
-from tests.e2e.conftest import WorkerProcess, wait_until
-from tests.reliability.conftest import scaled
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.services import PrivateRedis
-from tests.reliability.stack import (
+from tests.support.invariants import assert_invariants
+from tests.support.processes import WorkerProcess, wait_until
+from tests.support.services import PrivateRedis
+from tests.support.stack import (
     Stack,
     Tenant,
     add_tenant,
     database_view,
     kill_process,
+    scaled,
     unfinished,
 )
-from tests.reliability.traffic import Delivery, post_all
+from tests.support.traffic import Delivery, post_all
 from worker import sweeper
 from worker.celery_app import make_celery_app
 from worker.operator import release_identity

@@ -45,10 +45,10 @@ from models.settings import Settings
 from models.tables import ApiToken, IdentityRelease, Operation, SourceSecret, Task
 from models.tables import Delivery as DeliveryRow
 from models.tokens import issue_token
-from tests.deliveries import fixture, gitlab_headers, sign
-from tests.e2e.conftest import ROOT
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import Tenant, add_tenant, database_view
+from tests.support.deliveries import fixture, gitlab_headers, sign
+from tests.support.invariants import assert_invariants
+from tests.support.processes import ROOT
+from tests.support.stack import Tenant, add_tenant, database_view
 
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres]
 

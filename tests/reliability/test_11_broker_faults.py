@@ -22,17 +22,17 @@ from collections.abc import Iterator
 import pytest
 from kombu import Connection
 
-from tests.brokers import PrivateRabbitMQ
-from tests.reliability.conftest import scaled
-from tests.reliability.services import PrivateRedis
-from tests.reliability.stack import (
+from tests.support.brokers import PrivateRabbitMQ
+from tests.support.services import PrivateRedis
+from tests.support.stack import (
     add_tenant,
     assert_each_jira_issue_done_once,
     database_view,
     kill_process,
+    scaled,
     wait_drained,
 )
-from tests.reliability.traffic import post_all
+from tests.support.traffic import post_all
 
 pytestmark = [
     pytest.mark.reliability,

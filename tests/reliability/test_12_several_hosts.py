@@ -4,7 +4,7 @@ The Procfile's processes each run on a host of their own -- the ingress
 (``web``), two ``worker`` processes and ``beat`` -- and reach PostgreSQL and
 the broker over the network, not over this machine's loopback. The hosts are
 network namespaces on this one machine, each joined to it by a veth link
-(``tests/hosts.py``); each host reaches the servers through forwarders on its
+(``tests/support/hosts.py``); each host reaches the servers through forwarders on its
 side of the link, and the load generator (this process) posts to the
 ingress's own address over the ingress's link:
 
@@ -37,7 +37,7 @@ this machine's hostname), with the short timings of ``tests/e2e`` (``FAST``:
 **netem is not available in this kernel** (``tc qdisc ... netem``: "Specified
 qdisc kind is unknown"; nor fq_codel, sfq, prio or tc classifiers). What
 stands in for it: delay from the user-space forwarder
-(:meth:`~tests.reliability.proxy.TcpProxy.delay`), slowness and loss from a
+(:meth:`~tests.support.proxy.TcpProxy.delay`), slowness and loss from a
 ``tbf`` with a small queue, a cut from ``ip link set ... down``.
 
 Each runs on Redis (a private ``redis-server``, so no other engineer's
@@ -74,22 +74,28 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from tests.brokers import rabbitmq_vhost
-from tests.e2e.conftest import READY_TIMEOUT, ROOT, WorkerProcess, wait_until, worker_environment
-from tests.hosts import Host, Hosts
-from tests.reliability.conftest import scaled
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.stack import (
+from tests.support.brokers import rabbitmq_vhost
+from tests.support.hosts import Host, Hosts
+from tests.support.invariants import assert_invariants
+from tests.support.processes import (
+    READY_TIMEOUT,
+    ROOT,
+    WorkerProcess,
+    wait_until,
+    worker_environment,
+)
+from tests.support.stack import (
     add_tenant,
     assert_each_jira_issue_done_once,
     database_view,
     outcomes,
+    scaled,
     swept_in,
     tasks_by_external_id,
     wait_drained,
     wait_for_text,
 )
-from tests.reliability.traffic import post_all
+from tests.support.traffic import post_all
 
 pytestmark = [
     pytest.mark.reliability,

@@ -25,7 +25,7 @@ from models.errors import (
     TaskStoreError,
     WorkspaceNotAccessible,
 )
-from tests.domain_errors import SAMPLES
+from tests.support.domain_errors import SAMPLES
 from worker.cli.runtime import TaskhookGroup
 
 

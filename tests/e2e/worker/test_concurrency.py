@@ -13,9 +13,9 @@ from sqlalchemy import func, select
 
 from models.broker.messages import PROCESS_DELIVERY
 from models.tables import Delivery
-from tests.deliveries import fixture
-from tests.e2e.conftest import StartWorker, finished, wait_until
-from tests.integration.worker.feeds import make_feed, store_delivery, tasks_of
+from tests.support.deliveries import fixture
+from tests.support.feeds import make_feed, store_delivery, tasks_of
+from tests.support.processes import StartWorker, finished, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 #: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).

@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from models.broker.messages import PROCESS_DELIVERY
 from models.tables import TaskSource
-from tests.e2e.conftest import StartWorker, finished, wait_until
-from tests.integration.worker.feeds import delivery, link_of, make_feed, store_fixture, tasks_of
+from tests.support.feeds import delivery, link_of, make_feed, store_fixture, tasks_of
+from tests.support.processes import StartWorker, finished, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 #: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).

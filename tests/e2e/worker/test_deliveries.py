@@ -14,8 +14,7 @@ from celery import Celery
 
 from models.broker.messages import PROCESS_DELIVERY, RELEASE_IDENTITY, SWEEP
 from models.tables import IdentityRelease, Task
-from tests.e2e.conftest import StartWorker, WorkerProcess, finished, wait_until
-from tests.integration.worker.feeds import (
+from tests.support.feeds import (
     EXPECTED,
     delivery,
     link_of,
@@ -23,6 +22,7 @@ from tests.integration.worker.feeds import (
     store_fixture,
     tasks_of,
 )
+from tests.support.processes import StartWorker, WorkerProcess, finished, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 #: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).

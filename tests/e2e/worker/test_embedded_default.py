@@ -15,8 +15,8 @@ import pytest
 from models.broker.messages import PROCESS_DELIVERY, RELEASE_IDENTITY
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
-from tests.e2e.conftest import StartWorker, finished, wait_until
-from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.processes import StartWorker, finished, wait_until
 from worker.celery_app import make_celery_app
 
 pytestmark = pytest.mark.e2e

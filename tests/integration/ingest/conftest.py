@@ -1,71 +1,29 @@
-"""What the ingress tests share: an app on the store, with a source per provider."""
+"""What the ingress tests share: an app on the store, with a source per provider
+(``ingress``), and the REST API with a token of each role (``api``)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 
 from ingest.app import create_app
 from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
-from models.tables import Delivery
 from models.tokens import issue_token
-from tests.conftest import Store
-from tests.deliveries import fixture, sample_headers
-
-GITHUB_SECRET = "gh-secret-1"
-JIRA_SECRET = "jira-secret-1"
-JIRA_SITE = "https://acme.atlassian.net"
-GITLAB_TOKEN = "gl-token-1"
-SECRETS = {"github": GITHUB_SECRET, "jira": JIRA_SECRET, "gitlab": GITLAB_TOKEN}
-
-
-@dataclass
-class Ingress:
-    client: TestClient
-    store: Store
-    published: list[int]
-
-    def send(
-        self,
-        provider: str,
-        name: str,
-        *,
-        body: bytes | None = None,
-        secret: str | None = None,
-        source: str | None = None,
-        **headers: str,
-    ):
-        """Post fixture ``name`` (or ``body``) to ``provider``'s route, dressed
-        and signed as the provider sends it; ``headers`` add to or replace those."""
-        body = fixture(provider, name) if body is None else body
-        secret = SECRETS[provider] if secret is None else secret
-        sent = sample_headers(provider, name, body, secret) | headers
-        route = f"/webhooks/{provider}/{source or f'acme-{provider}'}"
-        return self.client.post(route, content=body, headers=sent)
-
-    def github(self, name: str, **options):
-        return self.send("github", name, **options)
-
-    def jira(self, name: str, **options):
-        return self.send("jira", name, **options)
-
-    def gitlab(self, name: str, *, token: str = GITLAB_TOKEN, **options):
-        return self.send("gitlab", name, secret=token, **options)
-
-    def deliveries(self) -> list[Delivery]:
-        with self.store.sessions() as session:
-            return list(session.scalars(select(Delivery).order_by(Delivery.id)))
-
-
-def settings_for(url: str, **overrides) -> Settings:
-    return Settings(database_url=url, source_cache_seconds=0, **overrides)
+from tests.support.console import Console, open_console
+from tests.support.ingress import (
+    GITHUB_SECRET,
+    GITLAB_TOKEN,
+    JIRA_SECRET,
+    JIRA_SITE,
+    Api,
+    Ingress,
+    settings_for,
+)
+from tests.support.stores import Store
 
 
 @pytest.fixture
@@ -103,53 +61,6 @@ def ingress(store: Store) -> Iterator[Ingress]:
         yield Ingress(client, store, published)
 
 
-def wait_until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
-# --- the REST API: two workspaces, a token of each role for each -------------------
-
-
-@dataclass
-class Api:
-    client: TestClient
-    store: Store
-    acme: int
-    globex: int
-    tokens: dict[str, str]
-
-    def as_(self, who: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[who]}"}
-
-    def create(self, who: str = "acme-member", **body):
-        body = {"workspace_id": self.acme, "title": "Fix the login page"} | body
-        return self.client.post("/api/v1/tasks", json=body, headers=self.as_(who))
-
-    def lookup(self, external_id, who: str = "acme-member", workspace: int | None = None):
-        params = {} if external_id is None else {"external_id": external_id}
-        return self.client.get(
-            f"/api/v1/workspaces/{workspace or self.acme}/tasks/by-external-id",
-            params=params,
-            headers=self.as_(who),
-        )
-
-    def release(
-        self, external_id, who="acme-operator", reason="abandoned", workspace=None, expected=None
-    ):
-        params = {"external_id": external_id, "reason": reason, "expected_task_id": expected}
-        return self.client.delete(
-            f"/api/v1/workspaces/{workspace or self.acme}/tasks/by-external-id",
-            params={k: v for k, v in params.items() if v is not None},
-            headers=self.as_(who),
-        )
-
-    def count_tasks(self) -> int:
-        return self.store.scalar("SELECT count(*) FROM tasks")
-
-
 @pytest.fixture
 def api(store: Store) -> Iterator[Api]:
     acme, globex = store.workspace("acme", "ACME"), store.workspace("globex", "GLX")
@@ -167,3 +78,9 @@ def api(store: Store) -> Iterator[Api]:
     app = create_app(Settings(database_url=store.url), publish=lambda keys: None)
     with TestClient(app) as client:
         yield Api(client, store, acme.id, globex.id, tokens)
+
+
+@pytest.fixture
+def console(store: Store) -> Iterator[Console]:
+    """The console's app with two workspaces, a GitHub source and tokens in each."""
+    yield from open_console(store)

@@ -9,7 +9,7 @@ import ingest.api
 from models.db import session_scope
 from models.tasks import CreateHooks, create_task, release_external_id
 from models.tokens import revoke_token
-from tests.integration.ingest.conftest import Api
+from tests.support.ingress import Api
 
 
 def outcome_tuple(response) -> tuple:

@@ -8,8 +8,8 @@ import pytest
 
 import ingest.api
 from models.errors import ErrorKind, TaskNotFound, TaskStoreError, WorkspaceNotAccessible
-from tests.domain_errors import SAMPLES
-from tests.integration.ingest.conftest import Api
+from tests.support.domain_errors import SAMPLES
+from tests.support.ingress import Api
 
 STATUS = {
     ErrorKind.NOT_FOUND: 404,

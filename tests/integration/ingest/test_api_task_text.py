@@ -9,7 +9,7 @@ import json
 import pytest
 
 from models.tasks import MAX_DESCRIPTION_LENGTH, MAX_TITLE_LENGTH
-from tests.integration.ingest.conftest import Api
+from tests.support.ingress import Api
 
 #: Text no database stores: PostgreSQL text holds no NUL, and a lone surrogate
 #: has no UTF-8 encoding. JSON can carry both as escapes.

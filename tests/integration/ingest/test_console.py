@@ -4,129 +4,21 @@ the store. The same pages in a real browser: tests/e2e/test_console.py."""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
-from ingest.app import create_app
 from ingest.console import pages as console_pages
 from ingest.console.pages import web_link
 from models.db import session_scope
-from models.settings import Settings
-from models.sources import add_source
-from models.tables import ConsoleSession, Delivery, SourceSecret
-from models.tokens import issue_token
-from tests.conftest import Store
-from tests.deliveries import fixture, github_headers
+from models.tables import ConsoleSession, SourceSecret
+from tests.support.console import Console, csrf_of, open_console
+from tests.support.stores import Store
 
-SECRET = "gh-console-secret"
 XSS_TITLE = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 TEMPLATES = Path(__file__).resolve().parents[3] / "ingest" / "console" / "templates"
-
-
-@dataclass
-class Console:
-    client: TestClient
-    store: Store
-    acme: int
-    globex: int
-    tokens: dict[str, str]
-    published: list[int]
-
-    def sign_in(self, who: str) -> str:
-        """Sign in as token ``who``; the CSRF token of the session."""
-        self.client.cookies.clear()
-        form = self.client.get("/console/sign-in")
-        answer = self.client.post(
-            "/console/sign-in",
-            data={"token": self.tokens[who], "csrf": _csrf(form.text), "next": "/console/"},
-            follow_redirects=False,
-        )
-        assert answer.status_code == 303, answer.text
-        return _csrf(self.client.get("/console/").text)
-
-    def post(self, path: str, csrf: str | None, **fields: str):
-        data = fields | ({"csrf": csrf} if csrf is not None else {})
-        return self.client.post(path, data=data, follow_redirects=False)
-
-    def deliver(self, title: str = "Fix the login page", number: int = 1) -> int:
-        """A signed GitHub ``issues.opened`` for issue ``number``; its inbox id."""
-        document = json.loads(fixture("github", "issues__opened"))
-        document["issue"]["title"] = title
-        document["issue"]["number"] = number
-        body = json.dumps(document).encode()
-        sent = github_headers("issues__opened", body, SECRET, delivery=f"console-{number}")
-        answer = self.client.post("/webhooks/github/acme-github", content=body, headers=sent)
-        assert answer.status_code == 202, answer.text
-        with self.store.sessions() as session:
-            return session.scalar(
-                select(Delivery.id).where(Delivery.delivery_id == f"console-{number}")
-            )
-
-    def status_of(self, delivery: int) -> str:
-        return self.store.scalar("SELECT status FROM deliveries WHERE id = :d", d=delivery)
-
-    def kill(self, *deliveries: int) -> None:
-        """Mark deliveries dead, as many failed attempts would."""
-        with self.store.engine.begin() as connection:
-            for delivery in deliveries:
-                connection.execute(
-                    text("UPDATE deliveries SET status = 'dead' WHERE id = :d"), {"d": delivery}
-                )
-
-
-def _csrf(page: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', page)
-    assert found, "no CSRF field on the page"
-    return found.group(1)
-
-
-def _console(store: Store, **settings) -> Iterator[Console]:
-    acme, globex = store.workspace("acme", "ACME"), store.workspace("globex", "GLX")
-    tokens = {}
-    with session_scope(store.sessions) as session:
-        add_source(
-            session=session,
-            provider="github",
-            workspace_id=acme.id,
-            slug="acme-github",
-            secret=SECRET,
-            create_events=["issues.opened"],
-        )
-        add_source(
-            session=session,
-            provider="github",
-            workspace_id=globex.id,
-            slug="globex-github",
-            secret=SECRET,
-            create_events=["issues.opened"],
-        )
-        for name, role, workspace in [
-            ("acme-member", "member", acme.id),
-            ("acme-operator", "operator", acme.id),
-            ("globex-operator", "operator", globex.id),
-        ]:
-            tokens[name] = issue_token(
-                session=session, name=name, role=role, workspace_ids=[workspace]
-            ).token
-    published: list[int] = []
-    app = create_app(
-        Settings(database_url=store.url, source_cache_seconds=0, **settings),
-        publish=published.extend,
-    )
-    with TestClient(app) as client:
-        yield Console(client, store, acme.id, globex.id, tokens, published)
-
-
-@pytest.fixture
-def console(store: Store) -> Iterator[Console]:
-    yield from _console(store)
 
 
 # --- signing in -----------------------------------------------------------------------------
@@ -135,7 +27,7 @@ def console(store: Store) -> Iterator[Console]:
 def test_a_wrong_token_is_refused_and_starts_no_session(console: Console) -> None:
     form = console.client.get("/console/sign-in")
     answer = console.client.post(
-        "/console/sign-in", data={"token": "th_not-a-token", "csrf": _csrf(form.text)}
+        "/console/sign-in", data={"token": "th_not-a-token", "csrf": csrf_of(form.text)}
     )
     assert answer.status_code == 401
     assert "not valid" in answer.text
@@ -156,7 +48,7 @@ def test_the_session_cookie_is_http_only_strict_and_expires(console: Console) ->
     form = console.client.get("/console/sign-in")
     answer = console.client.post(
         "/console/sign-in",
-        data={"token": console.tokens["acme-member"], "csrf": _csrf(form.text)},
+        data={"token": console.tokens["acme-member"], "csrf": csrf_of(form.text)},
         follow_redirects=False,
     )
     assert answer.status_code == 303 and answer.headers["location"] == "/console/"
@@ -170,12 +62,12 @@ def test_the_session_cookie_is_http_only_strict_and_expires(console: Console) ->
 
 
 def test_over_https_the_cookie_is_secure(store: Store) -> None:
-    for console in _console(store):
+    for console in open_console(store):
         https = TestClient(console.client.app, base_url="https://testserver")
         form = https.get("/console/sign-in")
         answer = https.post(
             "/console/sign-in",
-            data={"token": console.tokens["acme-member"], "csrf": _csrf(form.text)},
+            data={"token": console.tokens["acme-member"], "csrf": csrf_of(form.text)},
             follow_redirects=False,
         )
         cookie = next(c for c in answer.headers.get_list("set-cookie") if "taskhook_session=" in c)
@@ -197,7 +89,7 @@ def test_signing_in_never_sends_the_browser_to_another_site(console: Console) ->
         "/console/sign-in",
         data={
             "token": console.tokens["acme-member"],
-            "csrf": _csrf(form.text),
+            "csrf": csrf_of(form.text),
             "next": "//evil.example/console/",
         },
         follow_redirects=False,
@@ -407,7 +299,7 @@ def test_cors_is_closed_unless_origins_are_listed(console: Console) -> None:
 
 
 def test_a_listed_origin_may_call_the_api(store: Store) -> None:
-    for console in _console(store, cors_origins=["https://app.example.com"]):
+    for console in open_console(store, cors_origins=["https://app.example.com"]):
         preflight = console.client.options(
             f"/api/v1/workspaces/{console.acme}/events",
             headers={
@@ -462,7 +354,7 @@ def test_bulk_replay_counts_first_then_runs_named(console: Console) -> None:
     assert re.search(r'id="dry-run-count">2<', dry.text)
     assert [console.status_of(d) for d in deliveries[:2]] == ["dead", "dead"]
     run = console.post(
-        "/console/replays", _csrf(dry.text), status="dead", expected="2", name="after the outage"
+        "/console/replays", csrf_of(dry.text), status="dead", expected="2", name="after the outage"
     )
     assert run.status_code == 303 and run.headers["location"].startswith("/console/operations")
     assert [console.status_of(d) for d in deliveries[:2]] == ["queued", "queued"]

@@ -6,17 +6,8 @@ watched ones as their status changes, nothing of another workspace's."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
-import pytest
-
-from tests.conftest import Store
-from tests.integration.ingest.test_console import Console, _console
-
-
-@pytest.fixture
-def console(store: Store) -> Iterator[Console]:
-    yield from _console(store)
+from tests.support.console import Console
 
 
 def deliveries_seen(console: Console, query: str) -> list[dict]:

@@ -14,9 +14,9 @@ from models.db import session_scope
 from models.providers import PROVIDERS, UNKNOWN_EVENT
 from models.reports import inbox_stats
 from models.sources import add_secret, add_source, set_source_enabled
-from tests.conftest import Store
-from tests.deliveries import fixture, fixture_names, gitlab_headers
-from tests.integration.ingest.conftest import GITLAB_TOKEN, Ingress, settings_for, wait_until
+from tests.support.deliveries import fixture, fixture_names, gitlab_headers
+from tests.support.ingress import GITLAB_TOKEN, Ingress, settings_for, wait_until
+from tests.support.stores import Store
 
 GITLAB = PROVIDERS["gitlab"]
 CREATES = {

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from ingest.app import create_app
 from ingest.webhooks import UNVERIFIED_IN_MEMORY_BYTES, _receive_body
 from models.providers.signing import HmacSha256Stream
-from tests.conftest import Store
-from tests.deliveries import fixture, github_headers, sign
-from tests.integration.ingest.conftest import GITHUB_SECRET, Ingress, settings_for, wait_until
+from tests.support.deliveries import fixture, github_headers, sign
+from tests.support.ingress import GITHUB_SECRET, Ingress, settings_for, wait_until
+from tests.support.stores import Store
 
 DELIVERY = "X-Atlassian-Webhook-Identifier"
 

@@ -26,9 +26,9 @@ from models.db import session_scope
 from models.inbox import IncomingDelivery, Recorded
 from models.sources import add_source
 from models.tables import Delivery
-from tests.conftest import Store
-from tests.deliveries import fixture, sample_headers
-from tests.integration.ingest.conftest import GITHUB_SECRET, settings_for, wait_until
+from tests.support.deliveries import fixture, sample_headers
+from tests.support.ingress import GITHUB_SECRET, settings_for, wait_until
+from tests.support.stores import Store
 
 pytestmark = pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 

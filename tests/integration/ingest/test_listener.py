@@ -22,7 +22,6 @@ import psycopg
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from sqlalchemy.engine import make_url
 
 from ingest import notifications
 from ingest.app import create_app
@@ -32,7 +31,7 @@ from models.settings import Settings
 from models.tables import Task
 from models.tasks import NewTask, create_task
 from models.tokens import issue_token
-from tests.conftest import TRUSTED, Store
+from tests.support.stores import TRUSTED, Store, libpq
 
 #: Far longer than any wait below: a stream that waited for its poll would miss them.
 NEVER = 60.0
@@ -157,10 +156,6 @@ def wait_for(check: Callable[[], object], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def postgres_server(postgres_store: Store) -> Iterator[Server]:
     """On PostgreSQL, streams that would not poll in the tests' time."""
@@ -211,7 +206,7 @@ def test_a_rolled_back_append_notifies_nothing_and_wakes_no_stream(
     postgres_store: Store, postgres_server: Server
 ):
     task_id = create(postgres_store, postgres_server.workspace, "jira:C-1")
-    with closing(psycopg.connect(_libpq(postgres_store.url), autocommit=True)) as watcher:
+    with closing(psycopg.connect(libpq(postgres_store.url), autocommit=True)) as watcher:
         watcher.execute(f"LISTEN {EVENTS_CHANNEL}")
         with streaming(postgres_server, after=1) as stream:
             with postgres_store.sessions() as session:
@@ -240,7 +235,7 @@ def test_a_killed_listener_leaves_streams_polling_until_it_reconnects(
         streaming(server) as stream,
     ):
         wait_for(lambda: server.listener.listening, 10, "the listener")
-        with closing(psycopg.connect(_libpq(postgres_store.url), autocommit=True)) as admin:
+        with closing(psycopg.connect(libpq(postgres_store.url), autocommit=True)) as admin:
             killed = admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = %s AND datname = current_database()",
@@ -272,7 +267,7 @@ def test_with_the_listener_turned_off_streams_poll_on_postgresql(postgres_store:
 
 
 def test_on_sqlite_a_stream_polls_and_still_delivers(tmp_path, request: pytest.FixtureRequest):
-    from tests.conftest import open_store
+    from tests.support.stores import open_store
 
     stores = open_store(request, tmp_path, "sqlite")
     store = next(stores)

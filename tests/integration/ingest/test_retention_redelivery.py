@@ -20,10 +20,10 @@ from models.db import session_scope
 from models.inbox import DeliveryStatus, IncomingDelivery, postgresql_inbox_sql
 from models.retention import Policy, prune
 from models.tables import Delivery, utcnow
-from tests.conftest import Store
-from tests.deliveries import fixture, github_headers
-from tests.integration.ingest.conftest import GITHUB_SECRET, Ingress, settings_for
-from tests.integration.scenarios import a_delivery, a_source
+from tests.support.deliveries import fixture, github_headers
+from tests.support.ingress import GITHUB_SECRET, Ingress, settings_for
+from tests.support.scenarios import a_delivery, a_source
+from tests.support.stores import Store
 
 DAYS_45 = timedelta(days=45)
 

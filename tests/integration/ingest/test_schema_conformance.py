@@ -22,7 +22,7 @@ from models.settings import Settings
 from models.tasks import NewTask, create_task
 from models.tokens import issue_token
 from models.workspaces import create_workspace
-from tests.conftest import TRUSTED
+from tests.support.stores import TRUSTED
 
 CHECKS = [
     not_a_server_error,

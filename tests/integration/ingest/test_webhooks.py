@@ -21,9 +21,8 @@ from models.providers import PROVIDERS
 from models.providers.signing import HmacSha256Stream
 from models.sources import add_secret, add_source, set_source_enabled
 from models.tables import Delivery
-from tests.conftest import Store
-from tests.deliveries import fixture, fixture_names, github_headers, jira_headers, sign
-from tests.integration.ingest.conftest import (
+from tests.support.deliveries import fixture, fixture_names, github_headers, jira_headers, sign
+from tests.support.ingress import (
     GITHUB_SECRET,
     JIRA_SECRET,
     JIRA_SITE,
@@ -31,6 +30,7 @@ from tests.integration.ingest.conftest import (
     settings_for,
     wait_until,
 )
+from tests.support.stores import Store
 
 GITHUB_CREATES = ["issues__opened", "issues__opened_with_organization", "pull_request__opened"]
 JIRA_CREATES = [

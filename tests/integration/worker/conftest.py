@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Store, open_store
+from tests.support.stores import Store, open_store
 
 PATHS = {
     "sqlite-fast": ("sqlite", True),

@@ -22,8 +22,7 @@ from models.db import session_scope
 from models.inbox import DeliveryStatus, claim
 from models.tables import Delivery, Task
 from models.tasks import NewTask, SourceLink, create_task, delete_task
-from tests.conftest import TRUSTED, Store
-from tests.integration.worker.feeds import (
+from tests.support.feeds import (
     Feed,
     delivery,
     make_feed,
@@ -31,7 +30,8 @@ from tests.integration.worker.feeds import (
     store_github_issue,
     tasks_of,
 )
-from tests.integration.worker.runs import SETTINGS, Crash, expire_lease, run
+from tests.support.runs import SETTINGS, Crash, expire_lease, run
+from tests.support.stores import TRUSTED, Store
 from worker import failpoints, processing, runtime
 from worker.failpoints import AFTER_INSERT, AFTER_SETTLE, BEFORE_ACK, BEFORE_SETTLE
 from worker.processing import Processed, Seams, process_deliveries

@@ -30,10 +30,10 @@ from models.tasks import (
     SourceLink,
     create_task,
 )
-from tests.conftest import Store
-from tests.e2e.conftest import wait_until
-from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
-from tests.integration.worker.runs import expire_lease, run
+from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.processes import wait_until
+from tests.support.runs import expire_lease, run
+from tests.support.stores import Store
 from worker import processing
 from worker.processing import Seams
 

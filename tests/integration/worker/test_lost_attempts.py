@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from models.db import session_scope
 from models.inbox import DeliveryStatus, claim
-from tests.conftest import Store
-from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
-from tests.integration.worker.runs import (
+from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.runs import (
     SETTINGS,
     database_goes_away,
     expire_lease,
     replay_delivery,
     run,
 )
+from tests.support.stores import Store
 from worker.processing import Seams
 
 LIMIT = 3

@@ -18,9 +18,9 @@ from sqlalchemy import select, update
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.tables import Delivery, Task, TaskEvent, TaskSource, WebhookSource
-from tests.conftest import Store
-from tests.integration.worker.feeds import Feed, make_feed, store_fixture
-from tests.integration.worker.runs import crashed_create, expire_lease, run
+from tests.support.feeds import Feed, make_feed, store_fixture
+from tests.support.runs import crashed_create, expire_lease, run
+from tests.support.stores import Store
 
 
 def test_a_plain_create_leaves_the_same_rows_on_every_path(store: Store):

@@ -1,7 +1,7 @@
 """process_delivery on SQLite and PostgreSQL, with real fixture bodies.
 
 Each test reads as one sentence about what a stored delivery becomes. A crash
-is simulated by a create hook raising ``Crash`` (tests/integration/worker/runs.py),
+is simulated by a create hook raising ``Crash`` (tests/support/runs.py),
 a BaseException the worker does not catch -- as a SIGKILL would, it leaves
 everything committed so far in place and nothing after it.
 """
@@ -23,9 +23,8 @@ from models.providers import PROVIDERS
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
 from models.tasks import delete_task, release_external_id
-from tests.conftest import TRUSTED, Store
-from tests.deliveries import fixture
-from tests.integration.worker.feeds import (
+from tests.support.deliveries import fixture
+from tests.support.feeds import (
     EXPECTED,
     delivery,
     link_of,
@@ -34,7 +33,7 @@ from tests.integration.worker.feeds import (
     store_fixture,
     tasks_of,
 )
-from tests.integration.worker.runs import (
+from tests.support.runs import (
     SETTINGS,
     crashed_create,
     database_goes_away,
@@ -42,6 +41,7 @@ from tests.integration.worker.runs import (
     replay_delivery,
     run,
 )
+from tests.support.stores import TRUSTED, Store
 from worker.processing import Processed, Seams, backoff_seconds, next_retry
 from worker.sweeper import sweep
 

@@ -19,9 +19,9 @@ from models.inbox import DeliveryStatus
 from models.retention import Policy, prune
 from models.settings import Settings
 from models.tables import Delivery, utcnow
-from tests.conftest import Store
-from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
-from tests.integration.worker.runs import run
+from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.runs import run
+from tests.support.stores import Store
 from worker import runtime
 from worker.celery_app import make_celery_app
 

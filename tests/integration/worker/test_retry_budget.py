@@ -16,16 +16,15 @@ from sqlalchemy import update
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.tables import Delivery, Task
-from tests.conftest import Store
-from tests.deliveries import fixture
-from tests.integration.worker.feeds import (
+from tests.support.deliveries import fixture
+from tests.support.feeds import (
     delivery,
     make_feed,
     store_delivery,
     store_fixture,
     tasks_of,
 )
-from tests.integration.worker.runs import (
+from tests.support.runs import (
     SETTINGS,
     crashed_create,
     database_goes_away,
@@ -33,6 +32,7 @@ from tests.integration.worker.runs import (
     replay_delivery,
     run,
 )
+from tests.support.stores import Store
 from worker.processing import Seams
 from worker.sweeper import sweep
 

@@ -13,9 +13,9 @@ from psycopg import pq
 from sqlalchemy import event
 
 from models.db import make_engine, make_session_factory
-from tests.conftest import Store
-from tests.integration.worker.feeds import make_feed, store_github_issue
-from tests.integration.worker.runs import SETTINGS
+from tests.support.feeds import make_feed, store_github_issue
+from tests.support.runs import SETTINGS
+from tests.support.stores import Store
 from worker import runtime, tasks
 
 #: psycopg prepares a statement on its fifth execution (one extra round trip,

@@ -29,8 +29,8 @@ from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
 from models.tasks import delete_task
-from tests.conftest import TRUSTED, Store
-from tests.integration.worker.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.stores import TRUSTED, Store
 from worker import runtime
 from worker.celery_app import make_celery_app
 

@@ -19,9 +19,8 @@ from models.inbox import DeliveryStatus
 from models.intake import read_delivery
 from models.providers import PROVIDERS
 from models.sources import add_source
-from tests.conftest import Store
-from tests.deliveries import fixture
-from tests.integration.worker.feeds import (
+from tests.support.deliveries import fixture
+from tests.support.feeds import (
     delivery,
     link_of,
     make_feed,
@@ -29,7 +28,8 @@ from tests.integration.worker.feeds import (
     store_fixture,
     tasks_of,
 )
-from tests.integration.worker.runs import replay_delivery, run
+from tests.support.runs import replay_delivery, run
+from tests.support.stores import Store
 
 #: Values GitHub's ``issue.html_url`` could carry that pass as an http(s) URL
 #: but no database stores: PostgreSQL text has no NUL, UTF-8 no lone surrogate.

@@ -9,7 +9,7 @@ import pytest
 from models.intake import NOTHING_READ, read_delivery
 from models.providers import PROVIDERS
 from models.tasks import MAX_TITLE_LENGTH, SourceLink
-from tests.deliveries import fixture
+from tests.support.deliveries import fixture
 
 SITE = "https://acme.atlassian.net"
 

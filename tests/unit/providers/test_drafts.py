@@ -29,7 +29,7 @@ from models.providers.github import GITHUB as github
 from models.providers.jira import JIRA as jira
 from models.providers.signing import verify_hmac_sha256
 from models.tasks import MAX_DESCRIPTION_LENGTH, MAX_TITLE_LENGTH, NewTask, SourceLink
-from tests.deliveries import fixture
+from tests.support.deliveries import fixture
 
 # GitHub's published test vector ("Validating webhook deliveries").
 DOCS_SECRET = "It's a Secret to Everybody"

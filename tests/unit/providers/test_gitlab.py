@@ -13,7 +13,7 @@ import pytest
 from models.providers import PROVIDERS, UNKNOWN_EVENT, ignored_reason
 from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
 from models.providers.gitlab import GITLAB as gitlab
-from tests.deliveries import GITLAB_EVENT_OF
+from tests.support.deliveries import GITLAB_EVENT_OF
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "gitlab"
 JSON = "application/json"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.deliveries import fixture, github_headers, jira_headers
+from tests.support.deliveries import fixture, github_headers, jira_headers
 
 JIRA_SITE = "https://reliability.atlassian.net"
 

@@ -22,7 +22,7 @@ from models.providers import PROVIDERS
 from models.sources import add_source
 from models.tables import Delivery, Task, TaskSource
 from models.workspaces import StepSpec, create_workspace
-from tests.deliveries import fixture
+from tests.support.deliveries import fixture
 
 JIRA_SITE = "https://acme.atlassian.net"
 GITHUB_CREATE_EVENTS = ("issues.opened", "pull_request.opened")

@@ -33,8 +33,8 @@ from sqlalchemy.engine import make_url
 
 from migrations import upgrade_to_head
 from models.db import make_engine
-from tests.conftest import POSTGRES_ADMIN_URL
-from tests.e2e.conftest import free_port
+from tests.support.processes import free_port
+from tests.support.stores import POSTGRES_ADMIN_URL
 
 #: Where PostgreSQL's server programs live (initdb, pg_ctl).
 POSTGRES_BIN = Path(os.environ.get("TASKHOOK_TEST_POSTGRES_BIN", "/usr/lib/postgresql/15/bin"))
@@ -273,7 +273,7 @@ class PrivatePostgres:
 
     def ready(self) -> bool:
         try:
-            with psycopg.connect(_libpq(self.url()), connect_timeout=2) as connection:
+            with psycopg.connect(libpq(self.url()), connect_timeout=2) as connection:
                 connection.execute("SELECT 1")
             return True
         except psycopg.Error:
@@ -287,7 +287,7 @@ class PrivatePostgres:
 
     def create_database(self, name: str = "taskhook") -> str:
         """A migrated database; its SQLAlchemy URL."""
-        with psycopg.connect(_libpq(self.url()), autocommit=True) as admin:
+        with psycopg.connect(libpq(self.url()), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{name}"')
         url = self.url(name)
         engine = make_engine(url)
@@ -322,7 +322,7 @@ def _runs_on(pid: int, data: Path) -> bool:
 # --- the shared PostgreSQL ----------------------------------------------------------------------
 
 
-def _libpq(url: str) -> str:
+def libpq(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
@@ -332,7 +332,7 @@ class ThrowawayDatabase:
     def __init__(self, label: str) -> None:
         self.name = f"taskhook_rel_{label}_{uuid.uuid4().hex[:8]}"
         try:
-            admin = psycopg.connect(_libpq(POSTGRES_ADMIN_URL), autocommit=True, connect_timeout=5)
+            admin = psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True, connect_timeout=5)
         except psycopg.OperationalError as error:
             pytest.fail(f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL} ({error})", False)
         with admin:
@@ -348,5 +348,5 @@ class ThrowawayDatabase:
         engine.dispose()
 
     def drop(self) -> None:
-        with psycopg.connect(_libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
+        with psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')

@@ -1,7 +1,7 @@
 """The processes of one scenario -- uvicorn, Celery workers, beat -- on one database
 and one broker, each stopped by its pid when the scenario ends.
 
-Built on the end-to-end helpers (``tests/e2e/conftest.py``): the same
+Built on the end-to-end helpers (tests/support/processes.py): the same
 ``WorkerProcess`` (its own process group, warm shutdown then SIGKILL to the
 group), the same environment (short timings in ``FAST``), the same ``Ingress``.
 """
@@ -9,6 +9,8 @@ group), the same environment (short timings in ``FAST``), the same ``Ingress``.
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import re
 import signal
 import subprocess
@@ -28,7 +30,8 @@ from models.sources import add_source
 from models.tables import Delivery as DeliveryRow
 from models.tables import Task, WebhookSource
 from models.workspaces import create_workspace
-from tests.e2e.conftest import (
+from tests.support.invariants import assert_invariants
+from tests.support.processes import (
     READY_TIMEOUT,
     ROOT,
     Ingress,
@@ -36,8 +39,16 @@ from tests.e2e.conftest import (
     wait_until,
     worker_environment,
 )
-from tests.reliability.invariants import assert_invariants
-from tests.reliability.traffic import JIRA_SITE, Delivery
+from tests.support.traffic import JIRA_SITE, Delivery
+
+#: Counts in the scenarios are multiplied by this (at least the issue's numbers).
+SCALE = max(1.0, float(os.environ.get("TASKHOOK_RELIABILITY_SCALE", "1")))
+
+
+def scaled(count: int) -> int:
+    """``count`` times the run's scale (TASKHOOK_RELIABILITY_SCALE), rounded up."""
+    return math.ceil(count * SCALE)
+
 
 #: A fail point's line:
 #: ``fail point after_insert: SIGKILL to pid 412 (delivery 37) at 1732890000.125``.

@@ -11,7 +11,7 @@ link and nothing more.
 
 The servers (PostgreSQL, Redis, RabbitMQ) listen on this machine's loopback
 only, which no namespace can reach. So each host gets a *forwarder* per server
-it may use: a :class:`~tests.reliability.proxy.TcpProxy` listening on the
+it may use: a :class:`~tests.support.proxy.TcpProxy` listening on the
 host-side address of its link and connecting to ``127.0.0.1:PORT``. The
 server sees a loopback peer (so PostgreSQL's trust rule and RabbitMQ's
 loopback-only ``guest`` still apply), and the forwarder can delay that host's
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.reliability.proxy import TcpProxy
+from tests.support.proxy import TcpProxy
 
 PREFIX = "th"
 #: Where each run keeps its owner's pid (and the lock of slot allocation).

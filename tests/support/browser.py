@@ -2,11 +2,11 @@
 
 The browser is Debian's ``chromium`` (``executable_path``), never one that
 Playwright downloads: scripts/test installs it (``ensure_chromium``). The
-fixtures are imported into tests/e2e/conftest.py (imported into a test
-module, ruff would call each test's ``page`` argument a redefinition); a test
-module imports the helpers (``sign_in``, ``screenshot``, ``BrowserLog``).
+fixtures ``browser``, ``browser_log`` and ``page`` (tests/e2e/conftest.py)
+are made of ``launched_chromium`` and ``watched_page``; a test module imports
+the helpers (``sign_in``, ``screenshot``, ``BrowserLog``).
 
-``page`` is a fresh context per test. It dismisses every dialog and records
+``watched_page`` is a fresh context per test. It dismisses every dialog and records
 it, records console errors, uncaught errors, Content-Security-Policy
 violations and subresources that failed to load, and fails the test at
 teardown if a dialog opened, a script raised, the policy refused anything or
@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -83,8 +84,9 @@ class BrowserLog:
         )
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+@contextmanager
+def launched_chromium() -> Iterator[Browser]:
+    """Debian's Chromium, headless; a missing or broken one fails the test."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"chromium is not installed ({CHROMIUM} missing): run scripts/test, which "
@@ -108,13 +110,10 @@ def browser() -> Iterator[Browser]:
             launched.close()
 
 
-@pytest.fixture
-def browser_log() -> BrowserLog:
-    return BrowserLog()
-
-
-@pytest.fixture
-def page(browser: Browser, browser_log: BrowserLog) -> Iterator[Page]:
+@contextmanager
+def watched_page(browser: Browser, browser_log: BrowserLog) -> Iterator[Page]:
+    """A page in a context of its own, whose doings go to ``browser_log``; on
+    leaving, the test fails if the log holds a problem."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     context.expose_binding(

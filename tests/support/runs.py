@@ -14,8 +14,8 @@ from models.db import session_scope
 from models.inbox import replay
 from models.settings import Settings
 from models.tables import Delivery, Task, utcnow
-from tests.conftest import Store
-from tests.integration.worker.feeds import delivery, store_fixture, tasks_of
+from tests.support.feeds import delivery, store_fixture, tasks_of
+from tests.support.stores import Store
 from worker.processing import Processed, Seams, process_delivery
 
 SETTINGS = Settings(

@@ -15,7 +15,7 @@ from models.providers import PROVIDERS
 from models.providers.gitlab import SAMPLE_VERSION
 from models.providers.signing import hmac_sha256_signature
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 #: The event header GitHub sends with each fixture (the action is in the body).
 GITHUB_EVENT_OF = {

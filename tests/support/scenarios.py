@@ -25,7 +25,7 @@ from models.tasks import (
     create_task,
     release_external_id,
 )
-from tests.conftest import TRUSTED, Store
+from tests.support.stores import TRUSTED, Store
 
 SECRET = "never-show-me-7f3a"
 EXTERNAL_ID = "gh-issue/acme/api#12"

@@ -13,7 +13,7 @@ so a test drives it with plain calls:
 It listens on 127.0.0.1 and a free port unless told otherwise: ``listen_host``
 (an address of this machine, such as the host side of a veth link) and
 ``listen_port`` make it a forwarder another network namespace can reach
-(tests/hosts.py).
+(tests/support/hosts.py).
 """
 
 from __future__ import annotations
