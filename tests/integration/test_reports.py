@@ -1,7 +1,7 @@
 """The operators' read-only reports, on both databases.
 
 Scenarios are built with ``tests/support/scenarios.py``, as in
-``test_cli.py``.
+the CLI's tests (tests/integration/cli/).
 """
 
 from __future__ import annotations

@@ -1,18 +1,35 @@
-"""The ``taskhook`` CLI run through click, in process, against a test's store,
-and how a test reads what it answered."""
+"""The ``taskhook`` CLI against a test's store: run through click in process
+(``taskhook``) or as a real process (``taskhook_process``), how a test reads
+what it answered, and a fake Celery app (``FakeApp``) that records what a
+command would send and answers as the operator worker would. The ``celery``
+fixture that puts it in place is in tests/integration/cli/conftest.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner, Result
 
+from models.db import session_scope
+from tests.support.scenarios import EXTERNAL_ID
 from tests.support.stores import Store
 from worker.cli import cli
+from worker.operator import release_identity as operator_release
 
 #: The public URL the commands print webhook URLs under.
 PUBLIC_URL = "https://hooks.example.com"
+RELEASE = ("release", "--workspace", "acme", EXTERNAL_ID)
+ROOT = Path(__file__).resolve().parents[2]
+#: The CLI tests' own Redis database (FLUSHDB before and after, never FLUSHALL).
+REDIS_URL = os.environ.get("TASKHOOK_TEST_CLI_REDIS_URL", "redis://127.0.0.1:6379/14")
+BIN = Path(sys.executable).parent
 
 
 def taskhook(store_or_url: Store | str, *args: str, input: str | None = None) -> Result:
@@ -44,3 +61,72 @@ def usage_error(result: Result) -> str:
 def as_json(result: Result) -> Any:
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def process_env(store: Store) -> dict[str, str]:
+    return os.environ | {
+        "TASKHOOK_DATABASE_URL": store.url,
+        "TASKHOOK_BROKER_URL": REDIS_URL,
+        "TASKHOOK_PUBLIC_URL": PUBLIC_URL,
+    }
+
+
+def taskhook_process(store: Store, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "taskhook"), *args],
+        cwd=ROOT,
+        env=process_env(store),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+class FakeResult:
+    def __init__(self, answer: Callable[[], Any]) -> None:
+        self._answer = answer
+        self.waited: float | None = None
+
+    def get(self, timeout: float) -> Any:
+        self.waited = timeout
+        return self._answer()
+
+
+@dataclass
+class FakeApp:
+    """Records ``send_task`` calls; ``answer(*args)`` plays the worker's part."""
+
+    answer: Callable[..., Any] = lambda *args: None
+    broker_down: bool = False
+    sent: list[tuple[str, list[Any], str]] = field(default_factory=list)
+    results: list[FakeResult] = field(default_factory=list)
+
+    def send_task(self, name: str, *, args: list[Any], queue: str) -> FakeResult:
+        if self.broker_down:
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+        self.sent.append((name, list(args), queue))
+        result = FakeResult(lambda: self.answer(*args))
+        self.results.append(result)
+        return result
+
+
+def operator_worker(store: Store) -> Callable[..., dict[str, Any]]:
+    """What the operator task does with the message's arguments: the operator
+    worker's own function, in one unit of work on the store."""
+
+    def release_identity_task(workspace_id, external_id, operator, reason, expected_task_id=None):
+        with session_scope(store.sessions) as session:
+            return operator_release(
+                session=session,
+                workspace_id=workspace_id,
+                external_id=external_id,
+                operator=operator,
+                reason=reason,
+                expected_task_id=expected_task_id,
+            )
+
+    return release_identity_task
+
+
+def held_by(store: Store, external_id: str = EXTERNAL_ID) -> object:
+    return store.scalar("SELECT identifier FROM tasks WHERE external_id = :e", e=external_id)

@@ -174,3 +174,25 @@ def lineage_of(store: Store, external_id: object = EXTERNAL_ID, workspace: str =
 
 
 # --- workspaces and sources ---------------------------------------------------------------
+
+
+def a_settled_task(store: Store) -> tuple[int, int, int]:
+    """A task created by delivery d-1, then found again by delivery d-2."""
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    first = a_delivery(store, source_id, "d-1")
+    task_id = create_by(store, acme.id, first)
+    second = a_delivery(store, source_id, "d-2")
+    settle_as(store, second, DeliveryStatus.DONE, outcome="found_settled", task_id=task_id)
+    return task_id, first, second
+
+
+def an_unfinished_create(store: Store) -> tuple[int, int, int, int]:
+    """Delivery d-1's worker died after its insert; d-2 is parked as needs_operator."""
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    creator = a_delivery(store, source_id, "d-1")
+    task_id = create_by(store, acme.id, creator, crash_before_settle=True)
+    parked = a_delivery(store, source_id, "d-2")
+    park(store, parked, task_id)
+    return acme.id, task_id, creator, parked

@@ -1,0 +1,239 @@
+"""``taskhook task lookup`` and ``taskhook explain``: a task, who created it,
+what an unfinished create is doing, and an identity's lineage."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from models.db import session_scope
+from models.tables import Delivery, utcnow
+from models.tasks import CreateHooks, NewTask, create_task, release_external_id
+from tests.support.cli import RELEASE, as_json, refused, taskhook
+from tests.support.scenarios import EXTERNAL_ID, Crash, a_settled_task, an_unfinished_create
+from tests.support.stores import TRUSTED, Store
+
+
+def test_task_lookup_shows_the_task_and_the_deliveries_that_touched_it(store: Store):
+    task_id, first, second = a_settled_task(store)
+
+    result = taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+    document = as_json(
+        taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID, "--json")
+    )
+
+    assert result.exit_code == 0
+    assert "ACME-1  Login page is blank" in result.stdout
+    assert "settled at" in result.stdout
+    assert "archived     no" in result.stdout
+    rows = [
+        line.split()
+        for line in result.stdout.splitlines()
+        if line.split()[:1] in ([str(first)], [str(second)])
+    ]
+    # RECEIVED is a date and a time: STATUS is the sixth word, OUTCOME the eighth.
+    assert [(row[0], row[5], row[7]) for row in rows] == [
+        (str(first), "done", "created"),
+        (str(second), "done", "found_settled"),
+    ]
+    assert (
+        document["task"].items()
+        >= {
+            "id": task_id,
+            "identifier": "ACME-1",
+            "external_id": EXTERNAL_ID,
+            "settled": True,
+            "archived": False,
+        }.items()
+    )
+    assert [d["id"] for d in document["deliveries"]] == [first, second]
+
+
+def set_creator(store: Store, creator: int, state: str) -> None:
+    """Put the creating delivery in ``state``: live, expired (its worker died), queued, dead."""
+    now = utcnow()
+    values = {
+        "live": {"status": "processing", "lease_expires_at": now + timedelta(minutes=1)},
+        "expired": {"status": "processing", "lease_expires_at": now - timedelta(minutes=1)},
+        "queued": {"status": "queued", "lease_expires_at": None},
+        "dead": {"status": "dead", "lease_expires_at": None, "last_error": "db gone"},
+    }[state]
+    with session_scope(store.sessions) as session:
+        session.execute(update(Delivery).where(Delivery.id == creator).values(**values))
+
+
+@pytest.mark.parametrize(
+    ("state", "advice"),
+    [
+        ("live", "delivery 1 is being processed now (attempt 1, lease until"),
+        ("expired", "delivery 1's worker stopped (its lease ran out at"),
+        ("queued", "delivery 1 is queued: when it runs it finishes its own create"),
+        ("dead", "then `taskhook deliveries replay 1` finishes its own create"),
+    ],
+)
+def test_task_lookup_says_what_an_unfinished_create_is_doing(store: Store, state, advice):
+    _, _, creator, _ = an_unfinished_create(store)
+    set_creator(store, creator, state)
+
+    result = taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+
+    assert "NOT SETTLED: its create had not finished when looked at" in result.stdout
+    assert advice in " ".join(result.stdout.split())
+    assert "needs_operator" in result.stdout
+
+
+def test_a_task_created_through_the_api_has_no_creator_to_wait_for(store: Store):
+    acme = store.workspace()
+
+    def client_died(_task):
+        raise Crash()
+
+    with store.sessions() as session, pytest.raises(Crash):
+        create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=acme.id,
+            new=NewTask(title="From a script", external_id=EXTERNAL_ID),
+            hooks=CreateHooks(after_insert=client_died),
+        )
+
+    lookup = taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+    preview = taskhook(store, *RELEASE, "--reason", "client gone", input="n\n")
+
+    assert "created outside the webhooks (REST API)" in " ".join(lookup.stdout.split())
+    assert "No delivery touched it" in lookup.stdout
+    assert "WARNING" not in preview.stdout
+
+
+def test_release_warns_when_the_create_may_still_finish(store: Store, celery):
+    _, _, creator, _ = an_unfinished_create(store)
+    set_creator(store, creator, "live")
+    live = taskhook(store, *RELEASE, "--reason", "r", input="n\n")
+    set_creator(store, creator, "dead")
+    dead = taskhook(store, *RELEASE, "--reason", "r", input="n\n")
+
+    assert "WARNING: its create may still finish on its own" in live.stdout
+    assert "WARNING" not in dead.stdout
+    assert "creates a NEW task" in dead.stdout
+    assert celery.sent == []
+
+
+def test_release_of_a_settled_task_says_it_makes_a_second_task(store: Store, celery):
+    a_settled_task(store)
+    preview = taskhook(store, *RELEASE, "--reason", "r", input="n\n")
+    assert "Its create FINISHED" in preview.stdout
+    assert "SECOND task" in preview.stdout
+
+
+def test_task_lookup_refuses_what_it_cannot_find_in_one_line(store: Store):
+    store.workspace()
+    missing = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "jira:NOPE-1"))
+    invalid = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "jira:PROJ-1\t"))
+    workspace = refused(taskhook(store, "task", "lookup", "--workspace", "nope", "jira:PROJ-1"))
+    too_long = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "x" * 256))
+
+    assert missing == "Error: no task in workspace acme holds external id 'jira:NOPE-1'"
+    assert invalid == (
+        "Error: external_id must not contain control characters (U+0009 at position 11)"
+    )
+    assert workspace == "Error: workspace 'nope' not found"
+    assert "at most 255 bytes" in too_long
+
+
+def test_task_lookup_and_explain_take_a_task_identifier_too(store: Store):
+    task_id, first, second = a_settled_task(store)
+
+    shown = taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1")
+    document = as_json(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1", "--json"))
+    explained = as_json(taskhook(store, "explain", "--workspace", "acme", "ACME-1", "--json"))
+
+    assert shown.exit_code == 0, shown.output
+    assert "ACME-1  Login page is blank" in shown.stdout
+    assert f"external id  {EXTERNAL_ID}" in shown.stdout
+    assert (document["external_id"], document["task"]["id"]) == (EXTERNAL_ID, task_id)
+    assert [d["id"] for d in document["deliveries"]] == [first, second]
+    assert (explained["external_id"], explained["holder"]["id"]) == (EXTERNAL_ID, task_id)
+
+
+def test_an_external_id_wins_over_a_task_identifier_of_the_same_name(store: Store):
+    a_settled_task(store)  # ACME-1 holds EXTERNAL_ID
+    with session_scope(store.sessions) as session:
+        create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=store.scalar("SELECT id FROM workspaces"),
+            new=NewTask(title="Named like a task", external_id="ACME-1"),
+        )
+
+    document = as_json(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1", "--json"))
+
+    assert (document["external_id"], document["task"]["identifier"]) == ("ACME-1", "ACME-2")
+
+
+def test_task_lookup_says_what_to_pass_when_an_identifier_names_no_identity(store: Store):
+    workspace_id, *_ = an_unfinished_create(store)
+    with session_scope(store.sessions) as session:
+        release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=EXTERNAL_ID,
+            operator="alice",
+            reason="worker died",
+        )
+
+    released = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-1"))
+    unknown = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-9"))
+
+    assert released == (
+        "Error: task ACME-1 holds no external id (it was released, or created without one): "
+        "pass the external id itself, e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12'"
+    )
+    assert unknown == (
+        "Error: no task in workspace acme holds external id 'ACME-9', and no task there is "
+        "named ACME-9: pass an external id, e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12', "
+        "or a task identifier"
+    )
+
+
+def test_task_lookup_of_a_released_identity_points_at_explain(store: Store):
+    workspace_id, *_ = an_unfinished_create(store)
+    with session_scope(store.sessions) as session:
+        release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=EXTERNAL_ID,
+            operator="alice",
+            reason="worker died",
+        )
+    line = refused(taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID))
+    assert "released 1 time(s): taskhook explain" in line
+
+
+def test_explain_prints_the_lineage_in_time_order(store: Store):
+    _, _, creator, parked = an_unfinished_create(store)
+
+    result = taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID)
+    document = as_json(taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID, "--json"))
+
+    assert result.exit_code == 0
+    events = [event["what"] for event in document["events"]]
+    assert events == [
+        f"delivery {creator} received",
+        "task ACME-1 created",
+        # The insert's fence is the creator's last row update: it died after the insert.
+        f"delivery {creator} processing",
+        f"delivery {parked} received",
+        f"delivery {parked} needs_operator",
+    ]
+    positions = [result.stdout.index(what) for what in events]
+    assert positions == sorted(positions)
+    assert "docs/runbook.md" in result.stdout
+    assert document["holder"]["settled"] is False
+
+
+def test_explain_of_an_identity_never_held_is_refused(store: Store):
+    store.workspace()
+    line = refused(taskhook(store, "explain", "--workspace", "acme", "jira:NOPE-1"))
+    assert line == "Error: nothing in workspace acme holds or held external id 'jira:NOPE-1'"
