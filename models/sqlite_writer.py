@@ -34,6 +34,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from pathlib import Path
 
 #: How often a writer of another process tries the file lock while one holds
@@ -104,6 +105,11 @@ class WriterLock:
         if self._file is None or self._file_pid != os.getpid():
             self._file = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self._file_pid = os.getpid()
+            # The file is open as long as the lock lives, and the lock as long
+            # as its engine. Left open, every engine that ever wrote kept a
+            # descriptor: the test suite, with an engine or two per test, ran
+            # past 1,024 of them.
+            weakref.finalize(self, os.close, self._file)
         return self._file
 
 

@@ -22,7 +22,34 @@ from sqlalchemy.engine import make_url
 
 from migrations import upgrade_to_head
 from models.db import make_engine, make_session_factory
+from tests.support.descriptors import DescriptorWatch, open_descriptors
 from tests.support.stores import POSTGRES_ADMIN_URL, Store, empty_postgres, libpq, open_store
+
+#: File descriptors the session may leave open: those of caches that live as
+#: long as the process (kombu's connection pools, an event loop's selector).
+#: About a dozen stay after tests/integration, in any order; when every SQLite
+#: engine kept its writer lock's file open, over a thousand did.
+DESCRIPTOR_LIMIT = 64
+
+
+@pytest.fixture(scope="session", autouse=True)
+def descriptors_watched() -> Iterator[DescriptorWatch]:
+    """Fails the session when its tests left file descriptors open: a leak of
+    one a test is unseen until some order of the suite runs out of them."""
+    watch = DescriptorWatch(DESCRIPTOR_LIMIT)
+    yield watch
+    if (excess := watch.excess()) is not None:
+        pytest.fail(excess, pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def descriptors_per_module(
+    request: pytest.FixtureRequest, descriptors_watched: DescriptorWatch
+) -> Iterator[None]:
+    """Counts what each module leaves open, so a failure names the leaking modules."""
+    before = open_descriptors()
+    yield
+    descriptors_watched.module_ran(request.module.__name__, before)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ connection is set to, the writers' lock, and what a commit survives."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -108,6 +109,29 @@ def test_a_write_transaction_holds_the_writers_lock_until_it_ends(tmp_path: Path
             assert _file_lock_is_free(lock_file)  # nothing to end, so nothing taken
     finally:
         engine.dispose()
+
+
+def _open_on(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    folder = Path("/proc/self/fd")
+    return sum(1 for fd in os.listdir(folder) if os.path.realpath(folder / fd) == str(path))
+
+
+def test_the_lock_file_is_closed_once_its_engine_is_gone(tmp_path: Path):
+    """Every engine that wrote kept its lock file open for good: with an engine
+    or two per test, the suite ran out of descriptors."""
+    path = tmp_path / "t.db"
+    lock_file = lock_file_for(str(path)).resolve()
+    engine = _engine(path)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE notes (body TEXT)")
+    with engine.begin() as connection:
+        connection.exec_driver_sql("INSERT INTO notes VALUES ('a')")  # takes the lock
+    assert _open_on(lock_file) == 1  # open while its engine may write again
+    engine.dispose()
+    del engine, connection
+    gc.collect()  # an engine's event listeners and pool refer to one another
+    assert _open_on(lock_file) == 0
 
 
 def test_no_lock_without_the_setting(tmp_path: Path):
