@@ -8,6 +8,7 @@ Every layer:
     scenarios     inbox and task-store states built with the service functions
     domain_errors one instance of every domain error
     brokers       the real Redis and RabbitMQ the suite runs on
+    fake_redis    Redis in memory (fakeredis) behind taskhook's own Redis transport
     descriptors   the session's count of open file descriptors, which must not grow
 
 In process (integration):
