@@ -8,6 +8,13 @@ delivery's create loses nothing and duplicates nothing. They set
     TASKHOOK_FAILPOINT=after_settle:pause=2.5        # sleep 2.5 s there
     TASKHOOK_FAILPOINT=after_insert:pause=1,before_ack:kill
     TASKHOOK_FAILPOINT=after_settle:kill@0.1         # ... on one hit in ten, at random
+    TASKHOOK_FAILPOINT=after_insert:hold=/tmp/t/go   # stall there until that file exists
+
+A pause races whatever the test waits for meanwhile, and on a busy machine
+that can lose; a hold ends when the test says so, by creating the file (a
+path without ``,`` or ``@``), so the order of events is the test's, not the
+scheduler's. A hold gives up after ``HOLD_LIMIT_SECONDS`` and says so: a test
+that died before releasing it must not leave a worker stalled for good.
 
 Under the threads pool (the default) or ``--pool solo`` a kill loses the
 whole worker, with every delivery it was running. Under prefork only the
@@ -60,13 +67,16 @@ NAMES = frozenset({AFTER_LOOKUP, AFTER_INSERT, BEFORE_SETTLE, AFTER_SETTLE, BEFO
 #: An action, called with the delivery the process is working on (None if unknown).
 Action = Callable[[int | None], None]
 
+#: The longest a hold waits for its file (a reliability scenario's own bound).
+HOLD_LIMIT_SECONDS = 300.0
+
 # Not seeded from anything a fork copies: every prefork child draws its own.
 _chance = random.SystemRandom()
 
 
 def parse(spec: str) -> dict[str, Action]:
-    """``name:kill`` or ``name:pause=SECONDS``, each optionally ``@PROBABILITY``,
-    comma-separated, to actions by name."""
+    """``name:kill``, ``name:pause=SECONDS`` or ``name:hold=PATH``, each
+    optionally ``@PROBABILITY``, comma-separated, to actions by name."""
     actions: dict[str, Action] = {}
     for item in (part.strip() for part in spec.split(",")):
         if not item:
@@ -116,8 +126,11 @@ def _run(name: str, action: str) -> Action:
             delay = -1.0
         if delay >= 0:
             return lambda delivery: _pause(name, delay, delivery)
+    if kind == "hold" and seconds:
+        return lambda delivery: _hold(name, seconds, delivery)
     raise ValueError(
-        f"{ENVIRONMENT_VARIABLE}: {name} needs 'kill' or 'pause=SECONDS', not {action!r}"
+        f"{ENVIRONMENT_VARIABLE}: {name} needs 'kill', 'pause=SECONDS' or 'hold=PATH', "
+        f"not {action!r}"
     )
 
 
@@ -129,6 +142,17 @@ def _kill(name: str, delivery: int | None) -> None:
 def _pause(name: str, seconds: float, delivery: int | None) -> None:
     _say(f"fail point {name}: pausing {seconds} s in pid {os.getpid()}{_about(delivery)}")
     time.sleep(seconds)
+
+
+def _hold(name: str, path: str, delivery: int | None) -> None:
+    _say(f"fail point {name}: holding until {path} exists, in pid {os.getpid()}{_about(delivery)}")
+    deadline = time.monotonic() + HOLD_LIMIT_SECONDS
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            _say(f"fail point {name}: no {path} after {HOLD_LIMIT_SECONDS:g} s, going on")
+            return
+        time.sleep(0.02)
+    _say(f"fail point {name}: released{_about(delivery)}")
 
 
 def _about(delivery: int | None) -> str:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,14 @@ def _no_failpoints_after() -> Iterator[None]:
 
 @pytest.mark.parametrize(
     "spec",
-    ["after_lunch:kill", "after_insert", "after_insert:explode", "after_insert:pause=-1", "x:y"],
+    [
+        "after_lunch:kill",
+        "after_insert",
+        "after_insert:explode",
+        "after_insert:pause=-1",
+        "after_insert:hold=",
+        "x:y",
+    ],
 )
 def test_an_unknown_point_or_action_is_refused(spec: str):
     with pytest.raises(ValueError, match="TASKHOOK_FAILPOINT"):
@@ -44,6 +53,30 @@ def test_a_pause_sleeps_at_its_point_only():
     assert time.monotonic() - started < 0.1
     failpoints.failpoint("after_settle")
     assert time.monotonic() - started >= 0.2
+
+
+def test_a_hold_lasts_until_its_file_appears(tmp_path: Path, capsys):
+    release = tmp_path / "release"
+    failpoints.configure(f"after_insert:hold={release}")
+    worker = threading.Thread(target=failpoints.failpoint, args=("after_insert",))
+    worker.start()
+    worker.join(timeout=0.3)
+    assert worker.is_alive(), "the hold ended before its file appeared"
+    release.touch()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the hold did not end when its file appeared"
+    said = capsys.readouterr().err
+    assert f"fail point after_insert: holding until {release} exists" in said
+    assert "fail point after_insert: released" in said
+
+
+def test_a_hold_whose_file_never_appears_gives_up_and_says_so(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setattr(failpoints, "HOLD_LIMIT_SECONDS", 0.2)
+    failpoints.configure(f"before_settle:hold={tmp_path / 'never'}")
+    started = time.monotonic()
+    failpoints.failpoint("before_settle")
+    assert 0.2 <= time.monotonic() - started < 5
+    assert "after 0.2 s, going on" in capsys.readouterr().err
 
 
 def test_unset_means_no_action_at_all():
