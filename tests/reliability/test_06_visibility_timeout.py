@@ -4,7 +4,7 @@ one task.
 Redis hands an unacknowledged message to another consumer once its
 visibility timeout has passed (here 4 s; an hour in production, above the
 task time limit). A worker that stalls longer than that -- the threads pool
-(taskhook's default), which enforces no Celery time limit, paused at a fail
+(taskhook's default), which enforces no Celery time limit, held at a fail
 point right after its insert committed -- loses its message: a worker that
 starts restores overdue messages, and the next free thread takes it (the
 rescuer's, or one of the stalled worker's own).
@@ -12,9 +12,12 @@ Beat is not running: the only second delivery is Redis's own.
 
 Both run the same delivery. The second finds the lease of the first run
 expired (3 s), claims a new attempt, finds the unsettled task that this very
-delivery inserted and finishes it. The first wakes up 8 s after its insert:
-its settlement finds the task already settled, and its write to the inbox row
-is fenced off by the newer attempt. One task, one source link, one outcome.
+delivery inserted and finishes it. Only then is the first released (its fail
+point holds until the test creates a file; a fixed pause raced the rescuer's
+start on a busy machine, and a first run waking before the second claimed
+made a different scenario): its settlement finds the task already settled,
+and its write to the inbox row is fenced off by the newer attempt. One task,
+one source link, one outcome.
 """
 
 from __future__ import annotations
@@ -40,40 +43,47 @@ TIMINGS = {
     "TASKHOOK_LEASE_SECONDS": "3",
     "TASKHOOK_VISIBILITY_TIMEOUT_SECONDS": "4",
 }
-PAUSE = 8.0
+VISIBILITY_TIMEOUT = 4.0
 RECEIVED = re.compile(r"Task taskhook\.process_delivery\[([0-9a-f-]+)\] received")
 
 
 def test_a_message_redelivered_past_its_visibility_timeout_runs_twice_and_makes_one_task(
-    private_redis, shared_database, stack_on, secret_book, figures
+    private_redis, shared_database, stack_on, secret_book, figures, module_logs
 ):
     engine, sessions = database_view(shared_database.url)
     stack = stack_on(shared_database.url, private_redis.url, **TIMINGS)
     tenant = add_tenant(sessions, secret_book, "overdue", "LATE")
     ingress = stack.ingress()
-    slow = stack.worker("stalls", TASKHOOK_FAILPOINT=f"after_insert:pause={PAUSE}")
+    release = module_logs / "release-the-first-run"
+    slow = stack.worker("stalls", TASKHOOK_FAILPOINT=f"after_insert:hold={release}")
 
     answer = post_all(ingress.url, [tenant.jira("LATE-1")]).answers[0]
     assert answer.status == 202
     pk = answer.body["delivery"]
-    wait_for_text(slow, "fail point after_insert: pausing")
+    wait_for_text(slow, "fail point after_insert: holding")
     stalled_at = time.monotonic()
     with sessions() as session:
         (task,) = session.scalars(select(Task).where(Task.workspace_id == tenant.workspace_id))
         assert task.external_id_settled_at is None  # inserted, not settled: the stall
 
-    time.sleep(max(0.0, 4.5 - (time.monotonic() - stalled_at)))  # past the visibility timeout
+    # A starting worker restores the messages unacknowledged for longer than the
+    # visibility timeout, counted from when the stalled worker took it (before
+    # the stall): past it here, whatever the machine's load.
+    time.sleep(max(0.0, VISIBILITY_TIMEOUT + 0.5 - (time.monotonic() - stalled_at)))
     rescuer = stack.worker("restores")
-    wait_until(finished(sessions, pk), timeout=30, what="the second run", logs=stack.processes)
+    wait_until(finished(sessions, pk), timeout=60, what="the second run", logs=stack.processes)
     second_done = time.monotonic() - stalled_at
-    wait_for_text(slow, "taskhook.process_delivery", timeout=PAUSE + 10)
-    # The first run wakes up and finds its attempt fenced off.
+    assert "fail point after_insert: released" not in slow.text()
+
+    # The first run goes on only now, and finds its attempt fenced off.
+    release.touch()
     wait_until(
         lambda: f"delivery {pk}: attempt 1 was taken over" in slow.text(),
-        timeout=PAUSE + 10,
-        what="the first run to finish",
+        timeout=60,
+        what="the first run, released, to find its attempt taken over",
         logs=[slow],
     )
+    first_stalled = time.monotonic() - stalled_at
 
     # Which worker runs it the second time is the broker's choice: the rescuer,
     # or a free thread of the stalled worker itself.
@@ -94,7 +104,7 @@ def test_a_message_redelivered_past_its_visibility_timeout_runs_twice_and_makes_
         SCENARIO,
         visibility_timeout_s=4,
         lease_s=3,
-        first_run_stalled_s=PAUSE,
+        first_run_stalled_s=round(first_stalled, 1),
         executions=2,
         tasks=1,
         source_links=1,
