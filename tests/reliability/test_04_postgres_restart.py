@@ -156,7 +156,7 @@ def test_a_postgres_restart_mid_burst_answers_503_and_loses_nothing(
     )
     rounds = retry_until_stored(ingress.url, answers)
 
-    drained = wait_drained(rig.sessions, expected=count, timeout=120, logs=rig.stack.processes)
+    drained = wait_drained(rig.sessions, expected=count, logs=rig.stack.processes)
     assert tasks_by_external_id(rig.sessions, tenant.workspace_id) == {
         f"jira:PG-{n}": 1 for n in range(1, count + 1)
     }
@@ -206,7 +206,7 @@ def test_connections_cut_by_the_proxy_answer_503_and_lose_nothing(
         reconnect = reconnect_seconds(answers, healed_at)
         assert reconnect < 5, f"the ingress stored nothing for {reconnect} s after the heal"
         retry_until_stored(ingress.url, answers)
-        wait_drained(rig.sessions, expected=count, timeout=120, logs=rig.stack.processes)
+        wait_drained(rig.sessions, expected=count, logs=rig.stack.processes)
     finally:
         proxy.stop()
     assert outcomes(rig.sessions, tenant.workspace_id) == {("done", "created"): count}

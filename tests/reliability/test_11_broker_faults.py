@@ -127,7 +127,7 @@ def test_a_worker_killed_mid_burst_loses_nothing_and_doubles_nothing(
     stack.beat()
     stack.worker("survivor")
     poster.join(timeout=60)
-    drained = wait_drained(sessions, expected=count, timeout=180, logs=stack.processes)
+    drained = wait_drained(sessions, expected=count, logs=stack.processes)
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
         SCENARIO,
@@ -154,7 +154,7 @@ def test_a_broker_restarted_with_messages_queued_loses_no_delivery(
         assert after == before > 0, (before, after)  # a quorum queue keeps its messages
     stack.beat()
     stack.worker("after-restart")
-    drained = wait_drained(sessions, expected=count, timeout=180, logs=stack.processes)
+    drained = wait_drained(sessions, expected=count, logs=stack.processes)
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
         SCENARIO,
@@ -191,7 +191,7 @@ def test_a_broker_stopped_while_deliveries_arrive_loses_nothing(
     )
     outage.join(timeout=120)
     assert answers.statuses() == {202: count}, answers.statuses()
-    drained = wait_drained(sessions, expected=count, timeout=240, logs=stack.processes)
+    drained = wait_drained(sessions, expected=count, logs=stack.processes)
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
         SCENARIO,

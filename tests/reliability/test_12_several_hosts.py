@@ -414,7 +414,7 @@ def test_the_procfile_split_over_four_hosts_does_every_delivery_once(
     count = scaled(200 * SIZE)
     started = time.monotonic()
     answers = _post(deployment, tenant, prefix, count)
-    drained = wait_drained(sessions, expected=count, timeout=120, logs=deployment.all)
+    drained = wait_drained(sessions, expected=count, logs=deployment.all)
     seconds = time.monotonic() - started
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
 
@@ -476,7 +476,7 @@ def test_a_worker_cut_off_mid_batch_loses_nothing_and_doubles_nothing(
     assert sum((answers.statuses() for answers in posted), Counter()) == {202: count}, posted
 
     # The whole batch done while the link is still down.
-    wait_drained(sessions, expected=count, timeout=180, logs=deployment.all)
+    wait_drained(sessions, expected=count, logs=deployment.all)
     seconds_cut_to_drained = time.monotonic() - cut_at
     at_drain = deployment.done_by()
     reclaimed = _reclaimed(engine, tenant.workspace_id)
@@ -492,7 +492,7 @@ def test_a_worker_cut_off_mid_batch_loses_nothing_and_doubles_nothing(
     # attempts were taken over), and it takes new deliveries again.
     again = scaled(40 * SIZE)
     _post(deployment, tenant, f"{prefix}X", again, rate=20.0)
-    wait_drained(sessions, expected=count + again, timeout=120, logs=deployment.all)
+    wait_drained(sessions, expected=count + again, logs=deployment.all)
     assert tasks_by_external_id(sessions, tenant.workspace_id) == {
         **{f"jira:{prefix}-{n}": 1 for n in range(1, count + 1)},
         **{f"jira:{prefix}X-{n}": 1 for n in range(1, again + 1)},
