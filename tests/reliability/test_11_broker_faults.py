@@ -23,12 +23,15 @@ import pytest
 from kombu import Connection
 
 from tests.support.brokers import PrivateRabbitMQ
+from tests.support.processes import wait_until
 from tests.support.services import PrivateRedis
 from tests.support.stack import (
     add_tenant,
     assert_each_jira_issue_done_once,
     database_view,
     kill_process,
+    outcomes,
+    relay_counts,
     scaled,
     wait_drained,
 )
@@ -122,11 +125,19 @@ def test_a_worker_killed_mid_burst_loses_nothing_and_doubles_nothing(
         daemon=True,
     )
     poster.start()
-    time.sleep(0.8)  # mid-burst: some done, some running, some queued
+    # Mid-burst: once the doomed worker has done some (a fixed 0.8 s into the
+    # burst could be before it did any, on a busy machine).
+    wait_until(
+        lambda: sum(outcomes(sessions, tenant.workspace_id).values()) >= 10,
+        timeout=60,
+        what="the doomed worker's first 10 deliveries done",
+        logs=[doomed, ingress.process],
+    )
     kill_process(doomed)
     stack.beat()
     stack.worker("survivor")
-    poster.join(timeout=60)
+    poster.join(timeout=120)
+    assert not poster.is_alive(), f"{count} posts at 100/s still not answered after 120 s"
     drained = wait_drained(sessions, expected=count, logs=stack.processes)
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
     figures.record(
@@ -146,7 +157,14 @@ def test_a_broker_restarted_with_messages_queued_loses_no_delivery(
     count = scaled(100)
     answers = post_all(ingress.url, [tenant.jira(f"{prefix}-{n}") for n in range(1, count + 1)])
     assert answers.statuses() == {202: count}
-    time.sleep(1.0)  # the relay has sent them: no worker runs yet
+    # Every key in the broker before the restart (no worker runs yet): one the
+    # relay sent after the count below would make the counts differ.
+    wait_until(
+        lambda: relay_counts(ingress.url) == {"published": count, "dropped": 0, "pending": 0},
+        timeout=60,
+        what=f"the relay to hand all {count} keys to {broker.kind}",
+        logs=[ingress.process],
+    )
     before = broker.messages_queued()
     broker.restart()
     after = broker.messages_queued()
@@ -175,21 +193,30 @@ def test_a_broker_stopped_while_deliveries_arrive_loses_nothing(
     ingress = stack.ingress()
     count = scaled(150)
     moments: dict[str, float] = {}
+    failed: list[BaseException] = []
 
     def stop_then_start() -> None:
-        time.sleep(2.0)
-        broker.stop()
-        moments["stopped"] = time.time()
-        time.sleep(5.0)
-        broker.start()
-        moments["started"] = time.time()
+        # The scenario's script: 2 s into the posts, a 5 s outage.
+        try:
+            time.sleep(2.0)
+            broker.stop()
+            moments["stopped"] = time.time()
+            time.sleep(5.0)
+            broker.start()
+            moments["started"] = time.time()
+        except BaseException as error:  # pytest.fail's too: the test says it, not a warning
+            failed.append(error)
 
     outage = threading.Thread(target=stop_then_start, daemon=True)
     outage.start()
     answers = post_all(
         ingress.url, [tenant.jira(f"{prefix}-{n}") for n in range(1, count + 1)], rate=15.0
     )
-    outage.join(timeout=120)
+    # Stopping and starting a RabbitMQ node takes a few Erlang VMs' start-ups.
+    outage.join(timeout=240)
+    assert not outage.is_alive(), f"{broker.kind} still not stopped and started after 240 s"
+    if failed:
+        raise failed[0]
     assert answers.statuses() == {202: count}, answers.statuses()
     drained = wait_drained(sessions, expected=count, logs=stack.processes)
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)

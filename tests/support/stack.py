@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -143,6 +144,19 @@ def wait_for_text(process: WorkerProcess, text: str, timeout: float = READY_TIME
         if time.monotonic() > deadline:
             pytest.fail(f"{process.name}: no {text!r} after {timeout} s\n{process.tail()}", False)
         time.sleep(0.05)
+
+
+def relay_counts(ingress_url: str) -> dict[str, float]:
+    """The ingress relay's keys from its ``/metrics``: ``published`` (handed to
+    the broker), ``dropped`` (left to the sweeper) and ``pending``."""
+    values = {}
+    for line in httpx.get(f"{ingress_url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in ("taskhook_relay_published_total", "taskhook_relay_dropped_total"):
+            values[name.split("_")[2]] = float(value)
+        elif name == "taskhook_relay_pending":
+            values["pending"] = float(value)
+    return values
 
 
 def kill_process(process: WorkerProcess) -> None:
