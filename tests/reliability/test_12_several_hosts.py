@@ -418,7 +418,7 @@ def test_the_procfile_split_over_four_hosts_does_every_delivery_once(
     seconds = time.monotonic() - started
     assert_each_jira_issue_done_once(sessions, engine, tenant.workspace_id, prefix, count)
 
-    wait_until(deployment.sweeps, timeout=10, what="a sweep (beat -> broker -> a worker)")
+    wait_until(deployment.sweeps, timeout=60, what="a sweep (beat -> broker -> a worker)")
     done = deployment.done_by()
     assert sum(done.values()) == count, done
     assert all(done.values()), f"a worker did nothing: {done}"
