@@ -326,6 +326,28 @@ class Inserted:
     task: Task
     source: SourceLink
 
+    @classmethod
+    def of(
+        cls,
+        *,
+        task_id: int,
+        workspace_id: int,
+        identifier: str,
+        external_id: str,
+        delivery_pk: int,
+        source: SourceLink,
+    ) -> Inserted:
+        """The task as its insert wrote it: what its settlement and the
+        general path's completion read of it."""
+        task = Task(
+            id=task_id,
+            workspace_id=workspace_id,
+            identifier=identifier,
+            external_id=external_id,
+            created_by_delivery=delivery_pk,
+        )
+        return cls(task, source)
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -395,15 +417,15 @@ class FastPath:
             )
         if task_id is None:
             return Claimed(lease)
-        task = Task(
-            id=task_id,
+        inserted = Inserted.of(
+            task_id=task_id,
             workspace_id=workspace_id,
             identifier=identifier,
             external_id=external_id,
-            created_by_delivery=delivery_pk,
+            delivery_pk=delivery_pk,
+            source=SourceLink(provider=provider, url=url, remote_key=remote_key),
         )
-        source = SourceLink(provider=provider, url=url, remote_key=remote_key)
-        return Claimed(lease, Inserted(task, source))
+        return Claimed(lease, inserted)
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""
@@ -619,17 +641,17 @@ class SQLiteFastPath:
             # Cannot happen: this transaction claimed the row. Were it to,
             # the insert rolls back with the lease, as the fence does.
             raise LeaseTakenOver(lease)
-        task = Task(
-            id=task_id,
+        inserted = Inserted.of(
+            task_id=task_id,
             workspace_id=facts.workspace_id,
             identifier=identifier,
             external_id=claimed.external_id,
-            created_by_delivery=delivery_pk,
+            delivery_pk=delivery_pk,
+            source=SourceLink(
+                provider=facts.provider, url=claimed.draft_url, remote_key=claimed.draft_remote_key
+            ),
         )
-        source = SourceLink(
-            provider=facts.provider, url=claimed.draft_url, remote_key=claimed.draft_remote_key
-        )
-        return Claimed(lease, Inserted(task, source))
+        return Claimed(lease, inserted)
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """As :meth:`FastPath.settle_and_finish`: steps 6 and 7, the event and
