@@ -149,21 +149,5 @@ class Channel(filesystem.Channel):
         )
 
 
-#: The longest one wait for messages lasts, whatever the caller asked. Celery's
-#: loop for a transport without an event loop, such as this one, waits 2 s at
-#: a time and looks at its shutdown flag only between two waits: a worker told
-#: to stop (Ctrl-C, SIGTERM) sat out the rest of the wait, 3-4 s in all. The
-#: folder is polled every ``polling_interval`` (10 ms) either way.
-LONGEST_WAIT_SECONDS = 0.1
-
-
 class Transport(filesystem.Transport):
     Channel = Channel
-
-    def drain_events(self, connection, timeout=None):
-        """kombu's, with a bounded wait ending in ``socket.timeout`` after at most
-        ``LONGEST_WAIT_SECONDS``, as a longer one would: the caller asks again.
-        Without a timeout it blocks until a message comes, as kombu's does."""
-        if timeout is not None:
-            timeout = min(timeout, LONGEST_WAIT_SECONDS)
-        return super().drain_events(connection, timeout=timeout)
