@@ -58,6 +58,12 @@ class TaskDraft:
     url: str
     remote_key: str
     external_id: str
+    #: The provider's id of the item that survives its moves, where it has one
+    #: (models/providers/names.py); None where it has none.
+    stable_key: str | None = None
+    #: The external ids the item had before a move this create announces
+    #: (a GitHub issue opened by a transfer names the one it came from).
+    moved_from: tuple[str, ...] = ()
 
     def new_task(self) -> NewTask:
         return NewTask(
