@@ -218,6 +218,19 @@ class HolderChanged(TaskStoreError):
         self.identifier = identifier
 
 
+class IdentityRetired(TaskStoreError):
+    """The identity ledger says this delivery may not create its item again:
+    the item's task was deleted or released, and this entrance (a scan, a
+    redelivery of the delivery that created it, one received before the
+    change) may not bring it back (docs/contract.md §15)."""
+
+    kind = ErrorKind.CONFLICT
+
+    def __init__(self, reason: str, task_id: int | None) -> None:
+        super().__init__(reason)
+        self.task_id = task_id
+
+
 class NotReplayable(TaskStoreError):
     """The delivery is in a state a replay cannot start from."""
 

@@ -66,6 +66,7 @@ from sqlalchemy.exc import IntegrityError
 from models.errors import LeaseTakenOver
 from models.events import EventType, advance_stream, event_statement
 from models.external_id import UNICODE_WHITE_SPACE
+from models.identities import LEDGER_KEY, created_names_statement, unknown_to_the_ledger
 from models.inbox import DeliveryStatus, Lease, claim_statement, fenced_update, finish_values
 from models.integrity import violated_unique_index
 from models.tables import (
@@ -153,6 +154,7 @@ def plain_case(dialect: str):
         func.char_length(Delivery.draft_remote_key) <= _number(MAX_REMOTE_KEY_LENGTH),
         _creates_tasks(dialect, WebhookSource.create_events, Delivery.event),
         ~exists().where(*holds_identity(workspace_id, Delivery.external_id)),
+        unknown_to_the_ledger(workspace_id, Delivery.external_id, Delivery.draft_stable_key),
         intake_step_query(workspace_id)
         .with_only_columns(WorkflowStep.wip_limit.is_(None))
         .scalar_subquery(),
@@ -207,6 +209,10 @@ def _claim_and_insert() -> _Statement:
             Delivery.draft_description,
             Delivery.draft_url,
             Delivery.draft_remote_key,
+            Delivery.draft_stable_key,
+            Delivery.source_id,
+            Delivery.delivery_id,
+            Delivery.body_sha256,
             WebhookSource.provider,
             workspace_id,
         )
@@ -232,6 +238,16 @@ def _claim_and_insert() -> _Statement:
         .returning(Task.id, Task.identifier)
         .cte("inserted")
     )
+    named = created_names_statement(
+        workspace_id=plain.c.workspace_id,
+        task_id=inserted.c.id,
+        external_id=plain.c.external_id,
+        stable_key=plain.c.draft_stable_key,
+        source_id=plain.c.source_id,
+        delivery_id=plain.c.delivery_id,
+        body_sha256=plain.c.body_sha256,
+        now=now,
+    ).cte("named")
     statement = select(
         claimed.c.attempts,
         claimed.c.retries,
@@ -244,6 +260,7 @@ def _claim_and_insert() -> _Statement:
         claimed.c.draft_remote_key,
         exists(select(plain.c.created_task_id)).label("marked"),
     ).select_from(claimed.outerjoin(inserted, true()))
+    statement = statement.add_cte(named)
     return _Statement.compile(
         statement, parameters=frozenset({"delivery", "now", "lease_until", "max_lost"})
     )
@@ -310,6 +327,11 @@ def _settle_and_finish() -> _Statement:
             {"task", "external_id", "provider", "url", "remote_key", "delivery", "attempt", "now"}
         ),
     )
+
+
+#: The keys whose violation means a rival create took a name first: the
+#: tasks' external-id index, and the identity ledger's key.
+NAME_TAKEN = frozenset({EXTERNAL_ID_INDEX, LEDGER_KEY})
 
 
 class LostTheRace(Exception):
@@ -400,7 +422,7 @@ class FastPath:
         try:
             row = self.connection.execute(statement.text, params).fetchone()
         except errors.UniqueViolation as error:
-            if error.diag.constraint_name != EXTERNAL_ID_INDEX:
+            if error.diag.constraint_name not in NAME_TAKEN:
                 raise
             raise LostTheRace() from error
         if row is None:
@@ -461,6 +483,7 @@ class _SQLiteStatements:
     case_facts: Any
     identifier: Any
     insert_task: Any
+    record_names: Any
     mark_created: Any
     link_source: Any
     settle: Any
@@ -491,6 +514,10 @@ def _sqlite_statements() -> _SQLiteStatements:
             Delivery.draft_description,
             Delivery.draft_url,
             Delivery.draft_remote_key,
+            Delivery.draft_stable_key,
+            Delivery.source_id,
+            Delivery.delivery_id,
+            Delivery.body_sha256,
         ),
         # The plain case, step 3's lookup in it, and what its insert needs, read
         # inside the claim's write transaction: no other writer can change
@@ -514,6 +541,16 @@ def _sqlite_statements() -> _SQLiteStatements:
             created_by_delivery=_parameter("delivery", Task.created_by_delivery.type),
             now=now,
         ).returning(Task.id),
+        record_names=created_names_statement(
+            workspace_id=workspace,
+            task_id=task,
+            external_id=external_id,
+            stable_key=_parameter("stable_key", Delivery.draft_stable_key.type),
+            source_id=_parameter("source", Delivery.source_id.type),
+            delivery_id=_parameter("delivery_id", Delivery.delivery_id.type),
+            body_sha256=_parameter("body_sha256", Delivery.body_sha256.type),
+            now=now,
+        ),
         # The fence (docs/contract.md, "Fencing the create"), as
         # models.inbox.fence_create writes it on the general path.
         mark_created=fenced.values(created_task_id=task, updated_at=now),
@@ -594,7 +631,7 @@ class SQLiteFastPath:
                     for pk in delivery_pks
                 ]
         except IntegrityError as error:
-            if violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX:
+            if violated_unique_index(error, Base.metadata) not in NAME_TAKEN:
                 raise
             raise LostTheRace() from error
 
@@ -633,6 +670,19 @@ class SQLiteFastPath:
                 "now": now,
             },
         ).scalar_one()
+        connection.execute(
+            sql.record_names,
+            {
+                "workspace": facts.workspace_id,
+                "task": task_id,
+                "identity": claimed.external_id,
+                "stable_key": claimed.draft_stable_key,
+                "source": claimed.source_id,
+                "delivery_id": claimed.delivery_id,
+                "body_sha256": claimed.body_sha256,
+                "now": now,
+            },
+        )
         marked = connection.execute(
             sql.mark_created,
             {"task": task_id, "delivery": delivery_pk, "attempt": lease.attempt, "now": now},

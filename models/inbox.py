@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
-from models.tables import Delivery, Task, WebhookSource, sql_constant, utcnow
+from models.tables import Delivery, Identity, Task, WebhookSource, sql_constant, utcnow
 from models.tasks import InsertFence, NewTask
 
 #: ``deliveries.origin`` of a delivery its sender posted to the ingress.
@@ -279,6 +279,7 @@ def _draft_columns(task: NewTask | None) -> dict[str, str | None]:
         "draft_description": task.description,
         "draft_url": task.source.url,
         "draft_remote_key": task.source.remote_key,
+        "draft_stable_key": task.stable_key,
     }
 
 
@@ -331,7 +332,13 @@ def kept_apart_recorded(stored: Recorded, apart: Sequence[object] | None) -> Rec
 
 
 #: The task the body describes, as the ingress read it (see Delivery).
-DRAFT_COLUMNS = ("draft_title", "draft_description", "draft_url", "draft_remote_key")
+DRAFT_COLUMNS = (
+    "draft_title",
+    "draft_description",
+    "draft_url",
+    "draft_remote_key",
+    "draft_stable_key",
+)
 
 _INSERTED_COLUMNS = (
     "source_id",
@@ -380,15 +387,34 @@ def _insert_statement(dialect: str):
         )
         .subquery("earlier")
     )
-    replayed = earlier.c.id.is_not(None)
+    # ... or the body that created a task, as the identity ledger keeps it
+    # past the delivery row's retention (docs/contract.md §14).
+    created = (
+        select(func.min(Identity.name))
+        .where(
+            Identity.source_id == values["source_id"],
+            Identity.body_sha256 == values["body_sha256"],
+            Identity.delivery_id != values["delivery_id"],
+        )
+        .scalar_subquery()
+    )
+    stored_earlier = earlier.c.id.is_not(None)
+    created_earlier = created.is_not(None)
     values["status"] = case(
-        (replayed, sql_constant(DeliveryStatus.REPLAY.value)), else_=values["status"]
+        (or_(stored_earlier, created_earlier), sql_constant(DeliveryStatus.REPLAY.value)),
+        else_=values["status"],
     )
     values["status_reason"] = case(
         (
-            replayed,
+            stored_earlier,
             sql_constant("the same body as delivery ")
             + cast(earlier.c.id, String)
+            + sql_constant(" under another delivery id: a replay, never processed"),
+        ),
+        (
+            created_earlier,
+            sql_constant("the same body as the delivery that created ")
+            + created
             + sql_constant(" under another delivery id: a replay, never processed"),
         ),
         else_=values["status_reason"],
@@ -760,7 +786,9 @@ def replay_delivery(
     for column in DRAFT_COLUMNS:
         setattr(delivery, column, None)
     delivery.lease_expires_at = None
-    delivery.updated_at = utcnow()
+    # An operator's replay is the delivery received anew, by their decision:
+    # the identity ledger judges it so (models.identities.Entrance).
+    delivery.updated_at = delivery.replayed_at = utcnow()
 
 
 def only_replayable(statuses: frozenset[DeliveryStatus]) -> str:

@@ -85,6 +85,10 @@ def read_delivery(
         return NOTHING_READ
     if external_id is None:
         return NOTHING_READ
+    if draft.moved_from:
+        # A create that announces a move: the worker reads it whole, to join
+        # the item's names (models.identities); the fast path never takes it.
+        return Reading(external_id)
     try:
         # The task store's own check (models.tasks.validated_new_task), so the
         # fast path creates only what the general path's create would.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import MetaData, UniqueConstraint
+from sqlalchemy import MetaData, PrimaryKeyConstraint, UniqueConstraint
 from sqlalchemy.exc import IntegrityError
 
 _PG_UNIQUE_VIOLATION = "23505"
@@ -36,7 +36,7 @@ def violated_unique_index(error: IntegrityError, metadata: MetaData) -> str | No
 def _unique_index_on(qualified_columns: tuple[str, ...], metadata: MetaData) -> str | None:
     for table in metadata.tables.values():
         uniques = [ix for ix in table.indexes if ix.unique] + [
-            c for c in table.constraints if isinstance(c, UniqueConstraint)
+            c for c in table.constraints if isinstance(c, UniqueConstraint | PrimaryKeyConstraint)
         ]
         for unique in uniques:
             names = tuple(f"{table.name}.{column.name}" for column in unique.columns)

@@ -193,6 +193,84 @@ class IdentityRelease(Base):
     released_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Identity(Base):
+    """One name a workspace's task was known by, and what became of it: the
+    identity ledger (models/identities.py, docs/contract.md §15, "The
+    identity ledger").
+
+    A row per name, never per delivery, so it is kept for as long as the
+    workspace: delivery retention never touches it. ``task_id`` is
+    deliberately not a foreign key: the row outlives a deleted task, which is
+    the point.
+    """
+
+    __tablename__ = "identities"
+    __table_args__ = (
+        Index("ix_identities_task_id", "task_id"),
+        # The ingress's replay check after retention: the body that created it.
+        Index("ix_identities_source_body", "source_id", "body_sha256"),
+    )
+
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    #: ``external`` (an external id) or ``stable`` (a provider's stable key).
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(ExternalIdText, primary_key=True)
+    task_id: Mapped[int] = mapped_column(Integer)
+    #: held | archived | deleted | released (models.identities.IdentityState)
+    state: Mapped[str] = mapped_column(String(16))
+    #: True for a name the task was not created under (a move's, a merge's).
+    is_alias: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    #: The delivery that created the task (source and the sender's delivery
+    #: id, and its body's SHA-256): kept here past the delivery row's retention,
+    #: so that delivery never creates again, nor its body under another id.
+    source_id: Mapped[int | None] = mapped_column(Integer)
+    delivery_id: Mapped[str | None] = mapped_column(ExternalIdText)
+    body_sha256: Mapped[str | None] = mapped_column(String(64))
+    #: The operator merge that made this name an alias (identity_merges.id).
+    merge_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: When ``state`` last changed: a delivery received before a release or a
+    #: delete is judged by it.
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IdentityPrefix(Base):
+    """A repository renamed or transferred: every external id beginning with
+    ``before`` is now the one beginning with ``after`` (models/identities.py)."""
+
+    __tablename__ = "identity_prefixes"
+
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    after: Mapped[str] = mapped_column(ExternalIdText, primary_key=True)
+    before: Mapped[str] = mapped_column(ExternalIdText)
+    learned_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IdentityMerge(Base):
+    """An operator's merge of one task's names into another's, audited and undoable."""
+
+    __tablename__ = "identity_merges"
+    __table_args__ = ({"sqlite_autoincrement": True},)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    #: The task that keeps its names and gains the other's.
+    into_task_id: Mapped[int] = mapped_column(Integer)
+    #: The task whose names became aliases (archived by the merge).
+    from_task_id: Mapped[int] = mapped_column(Integer)
+    #: The names moved, as ``[[kind, name, state, is_alias], ...]``: what an undo puts back.
+    names: Mapped[list[list[object]]] = mapped_column(JSON)
+    operator: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    merged_at: Mapped[datetime] = mapped_column(default=utcnow)
+    undone_at: Mapped[datetime | None]
+    undone_by: Mapped[str | None] = mapped_column(String(200))
+
+
 class WebhookSource(Base):
     """A stored connection from one GitHub or Jira webhook to one workspace.
 
@@ -407,6 +485,13 @@ class Delivery(Base):
     draft_description: Mapped[str | None] = mapped_column(Text)
     draft_url: Mapped[str | None] = mapped_column(Text)
     draft_remote_key: Mapped[str | None] = mapped_column(Text)
+    #: The provider's stable key of the item, as the ingress read it: the
+    #: fast path must leave a create whose stable key the ledger knows to the
+    #: general path (models.identities).
+    draft_stable_key: Mapped[str | None] = mapped_column(Text)
+    #: When an operator last replayed the delivery: a replay counts as the
+    #: delivery received again (models.identities, "received before").
+    replayed_at: Mapped[datetime | None]
     #: How the delivery reached the inbox: ``webhook`` (its sender posted it),
     #: ``catch-up`` (fetched from the provider's delivery log after the sender
     #: failed to get it through) or ``scan`` (synthesized from the item's

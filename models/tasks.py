@@ -25,6 +25,7 @@ from models.access import Caller
 from models.db import transaction
 from models.errors import (
     HolderChanged,
+    IdentityRetired,
     InvalidExternalId,
     InvalidRelease,
     InvalidTask,
@@ -35,6 +36,17 @@ from models.errors import (
 )
 from models.events import EventType, append_created_if_missing, append_event
 from models.external_id import normalize_external_id
+from models.identities import (
+    Entrance,
+    IdentityState,
+    ItemNames,
+    Ruling,
+    judge,
+    recall,
+    record_created,
+    remember_aliases,
+    task_became,
+)
 from models.integrity import violated_unique_index
 from models.statements import insert_from_values
 from models.tables import (
@@ -113,6 +125,13 @@ class NewTask:
     source: SourceLink | None = None
     #: The inbox delivery making this create, recorded on the task it inserts.
     created_by_delivery: int | None = None
+    #: The provider's stable key of the item, and the external ids a move
+    #: left behind (models/names.py): names the identity ledger knows it by.
+    stable_key: str | None = None
+    moved_from: tuple[str, ...] = ()
+    #: How the delivery making this create came in; None for a create made
+    #: outside the inbox (REST, MCP). The ledger weighs it (step 3).
+    entrance: Entrance | None = None
 
 
 def _no_hook(*_args: object) -> None:
@@ -168,9 +187,10 @@ def create_task(
     # 2. validate + normalize external_id -- before the lookup, so a malformed
     #    value is an error rather than an accidental lookup.
     external_id = normalize_external_id(new.external_id)
+    names = None if external_id is None else _names(new, external_id)
 
     while True:
-        task = _look_up_then_insert(session, workspace, new, external_id, hooks, fence)
+        task = _look_up_then_insert(session, workspace, new, names, hooks, fence)
         if isinstance(task, CreateTaskResult):
             return task  # Found: by the lookup, or by the TOCTOU backstop
         if task is not None:
@@ -189,25 +209,46 @@ class _Stage(enum.Enum):
     INSERT = "insert"
 
 
+def _names(new: NewTask, external_id: str) -> ItemNames:
+    moved_from = []
+    for old in new.moved_from:
+        try:
+            normalized = normalize_external_id(old)
+        except InvalidExternalId:
+            continue  # a name the item had, not one it is created under: never a refusal
+        if normalized is not None:
+            moved_from.append(normalized)
+    return ItemNames(external_id, new.stable_key, tuple(moved_from))
+
+
+class _NameTaken(Exception):
+    """A rival create took one of the new task's names in the ledger after our lookup."""
+
+
 def _look_up_then_insert(
     session: Session,
     workspace: Workspace,
     new: NewTask,
-    external_id: str | None,
+    names: ItemNames | None,
     hooks: CreateHooks,
     fence: InsertFence | None,
 ) -> Task | CreateTaskResult | None:
     """Steps 3-5 in the insert's transaction. The new task, a Found result
     (from the lookup, or from the backstop), or None when the identity was
     freed again while we looked (the caller starts over)."""
+    external_id = None if names is None else names.external_id
     stage = _Stage.LOOKUP
     try:
         with transaction(session, "the insert (create sequence, steps 3-5)"):
             # 3. LOOKUP before ANY write or allocation: resolving Found after the
             #    identifier allocation would burn a sequence number, and after WIP
-            #    admission would turn a retry into a capacity error.
-            if external_id is not None:
-                holder = _holder_of(session, workspace.id, external_id)
+            #    admission would turn a retry into a capacity error. The holder
+            #    of the external id first, then the identity ledger: a name the
+            #    item had, and what became of each (docs/contract.md §15).
+            if names is not None:
+                holder = _holder_of(session, workspace.id, names.external_id)
+                if holder is None:
+                    holder = _ask_the_ledger(session, workspace.id, names, new.entrance)
                 if holder is not None:
                     return _found(holder)
             hooks.after_lookup()
@@ -233,21 +274,36 @@ def _look_up_then_insert(
                     now=now,
                 ).returning(Task)
             ).one()
+            if names is not None and not record_created(
+                session,
+                workspace_id=workspace.id,
+                task_id=task.id,
+                names=names,
+                entrance=new.entrance,
+                now=now,
+            ):
+                raise _NameTaken()
             if fence is not None:
                 fence(session, task)
         return task
     except Exception as error:
-        if stage is _Stage.LOOKUP or external_id is None:
+        if stage is _Stage.LOOKUP or names is None:
             raise
-        if stage is _Stage.INSERT and (
-            not isinstance(error, IntegrityError)
-            or violated_unique_index(error, Base.metadata) != EXTERNAL_ID_INDEX
+        if stage is _Stage.INSERT and not (
+            isinstance(error, _NameTaken)
+            or (
+                isinstance(error, IntegrityError)
+                and violated_unique_index(error, Base.metadata) == EXTERNAL_ID_INDEX
+            )
         ):
             raise
         # After a step-3 miss, a pre-insert failure (a full WIP step above
-        # all) may hide a create that won the race; and the unique index is
-        # the backstop for the narrow race between the lookup and the insert.
-        holder = _holder_of(session, workspace.id, external_id)
+        # all) may hide a create that won the race; and the unique index (and
+        # the ledger's key) is the backstop for the narrow race between the
+        # lookup and the insert.
+        holder = _holder_of(session, workspace.id, names.external_id) or _ask_the_ledger(
+            session, workspace.id, names, new.entrance, remember=False
+        )
         if holder is not None:
             return _found(holder)
         if stage is _Stage.BEFORE_INSERT:
@@ -505,6 +561,31 @@ def record_task_source(*, session: Session, task_id: int, source: SourceLink) ->
     )
 
 
+def _ask_the_ledger(
+    session: Session,
+    workspace_id: int,
+    names: ItemNames,
+    entrance: Entrance | None,
+    *,
+    remember: bool = True,
+) -> Task | None:
+    """The task one of ``names`` still names, if the ledger knows one. Raises
+    :class:`IdentityRetired` when it says this entrance may not create the
+    item again; None when nothing stands in the way (docs/contract.md §15)."""
+    rows = recall(session, workspace_id, names.all())
+    verdict = judge(rows, names, entrance)
+    if verdict.ruling is Ruling.RETIRED:
+        raise IdentityRetired(verdict.reason or "retired", verdict.task_id)
+    if verdict.ruling is Ruling.CREATE:
+        return None
+    holder = _current(session, verdict.task_id)
+    if holder is not None and remember:
+        # Found under another name: the names it lacks become its aliases,
+        # so the next lookup by them is direct.
+        remember_aliases(session, workspace_id=workspace_id, names=names, known=rows)
+    return holder
+
+
 def _found(holder: Task) -> CreateTaskResult:
     # Found outcomes run no post-create work and dispatch nothing.
     settled = holder.external_id_settled_at is not None
@@ -565,6 +646,7 @@ def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
     if task.archived_at is None:
         task.archived_at = task.updated_at = utcnow()
         append_event(session=session, type=EventType.ARCHIVED, task=task)
+        task_became(session, task_id=task.id, state=IdentityState.ARCHIVED)
     return task
 
 
@@ -576,6 +658,9 @@ def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     session.refresh(task, with_for_update=True)
     append_created_if_missing(session=session, task=task)
     append_event(session=session, type=EventType.DELETED, task=task)
+    # The ledger keeps the names: a scan never brings the item back
+    # (docs/contract.md §15, "The identity ledger").
+    task_became(session, task_id=task.id, state=IdentityState.DELETED)
     session.delete(task)
     session.flush()
 
@@ -666,6 +751,8 @@ def release_external_id(
     append_event(
         session=session, type=EventType.IDENTITY_RELEASED, task=released, external_id=normalized
     )
+    # The identity and its aliases are free together (docs/contract.md §11).
+    task_became(session, task_id=task_id, state=IdentityState.RELEASED)
     audit = IdentityRelease(
         workspace_id=workspace_id,
         external_id=normalized,

@@ -59,7 +59,7 @@ class TaskDraft:
     remote_key: str
     external_id: str
     #: The provider's id of the item that survives its moves, where it has one
-    #: (models/providers/names.py); None where it has none.
+    #: (models.names.py); None where it has none.
     stable_key: str | None = None
     #: The external ids the item had before a move this create announces
     #: (a GitHub issue opened by a transfer names the one it came from).
@@ -71,6 +71,8 @@ class TaskDraft:
             description=self.description,
             external_id=self.external_id,
             source=SourceLink(provider=self.provider, url=self.url, remote_key=self.remote_key),
+            stable_key=self.stable_key,
+            moved_from=self.moved_from,
         )
 
 

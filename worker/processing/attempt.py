@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from models.db import transaction
 from models.errors import (
+    IdentityRetired,
     InvalidExternalId,
     TaskNotFound,
     WipLimitReached,
@@ -93,6 +94,8 @@ class Ending(enum.Enum):
     #: The task this delivery was creating was deleted: recreating it is a
     #: person's call (``needs_operator``).
     DELETED = "deleted"
+    #: The identity ledger says the delivery may not create: nothing to do.
+    IGNORED = "ignored"
 
 
 #: The task store's refusals of a create, and how each ends.
@@ -103,6 +106,7 @@ CREATE_REFUSALS: dict[type[Exception], tuple[Ending, str]] = {
     WorkspaceMisconfigured: (Ending.NEEDS_OPERATOR, "{error}"),
     WipLimitReached: (Ending.RETRY_THEN_PARK, "workspace {workspace_id}: {error}"),
     TaskNotFound: (Ending.DELETED, ""),
+    IdentityRetired: (Ending.IGNORED, "creates nothing: {error}"),
 }
 
 
@@ -229,6 +233,8 @@ class Attempt:
             return self.finish(DeliveryStatus.NEEDS_OPERATOR, reason=reason)
         if ending is Ending.RETRY_THEN_PARK:
             return self.wait_or_park(reason)
+        if ending is Ending.IGNORED:
+            return self.finish(DeliveryStatus.IGNORED, reason=reason)
         return self.deleted_while_creating(external_id)
 
     def failed_unexpectedly(self, error: Exception) -> Processed:

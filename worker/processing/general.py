@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from models.access import Caller
 from models.errors import InvalidExternalId, InvalidTask, LeaseTakenOver, TaskNotFound
 from models.external_id import normalize_external_id
+from models.identities import Entrance
 from models.inbox import DeliveryStatus, Lease, body_dropped_note, fence_create
 from models.providers import PROVIDERS
 from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
@@ -53,6 +54,8 @@ class ClaimedDelivery:
     site_url: str | None
     #: The task an earlier attempt of this delivery inserted, if one did.
     created_task_id: int | None
+    #: How it came in, as the identity ledger weighs it.
+    entrance: Entrance
     #: What stands in for a body the retention policy dropped (only a done or
     #: ignored row loses it, and nothing claims those: a row put back in the
     #: queue by hand); None while the body is kept.
@@ -105,6 +108,14 @@ def read_claimed(session: Session, lease: Lease) -> ClaimedDelivery:
         create_events=frozenset(source.create_events),
         site_url=source.site_url,
         created_task_id=delivery.created_task_id,
+        entrance=Entrance(
+            origin=delivery.origin,
+            source_id=delivery.source_id,
+            delivery_id=delivery.delivery_id,
+            body_sha256=delivery.body_sha256,
+            received_at=delivery.replayed_at or delivery.received_at,
+            replayed=delivery.replayed_at is not None,
+        ),
         body_dropped=None
         if delivery.body_dropped_at is None
         else body_dropped_note(
@@ -149,7 +160,9 @@ def create_on_the_general_path(attempt: Attempt, misses: LookupMisses) -> Proces
         # task store's own rules (docs/contract.md, "Validation and
         # normalization"): a value no database stores must end the delivery
         # here, not fail the source link's write after the task committed.
-        new = validated_new_task(replace(draft.new_task(), created_by_delivery=work.delivery_pk))
+        new = validated_new_task(
+            replace(draft.new_task(), created_by_delivery=work.delivery_pk, entrance=work.entrance)
+        )
     except InvalidTask as error:
         return attempt.finish(DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
 

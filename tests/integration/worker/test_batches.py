@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import event, false, update
+from sqlalchemy import event, false, true, update
 
 import worker.tasks
 from models import fastpath
@@ -199,10 +199,12 @@ def test_a_mixed_message_answers_each_key_as_it_would_be_answered_alone(store: S
 
 @pytest.fixture
 def blind_lookup(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """SQLite's fast lookup misses every holder, as a lookup that lost a race
-    to a rival's insert would: only the unique index finds it."""
+    """SQLite's fast lookup misses every holder, in the tasks and in the
+    identity ledger, as a lookup that lost a race to a rival's insert would:
+    only the unique index finds it."""
     holds = fastpath.holds_identity
     monkeypatch.setattr(fastpath, "holds_identity", lambda *held: (*holds(*held), false()))
+    monkeypatch.setattr(fastpath, "unknown_to_the_ledger", lambda *names: true())
     fastpath._sqlite_statements.cache_clear()
     yield
     monkeypatch.undo()

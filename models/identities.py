@@ -1,0 +1,478 @@
+"""The identity ledger: what every name a workspace's task was known by has become.
+
+One row per (workspace, name), where a name is an external id or a provider's
+stable key (models.names.py): the task it named, and its state --
+held, archived, deleted or released -- written in the same transaction as
+the change that set it. It outlives delivery retention, so every entrance (a
+webhook, the catch-up, a scan, a Jira search, a replay, a redelivery after
+pruning) asks the same question of the same place, when the worker runs the
+delivery: :func:`judge`. The rules and their reasons: docs/contract.md §15,
+"The identity ledger".
+
+Writers: the create sequence (:func:`record_created`, and the fast path's
+statements, which only ever create names the ledger does not know), archive,
+delete and release (:func:`task_became`), the worker learning a move
+(:func:`learn_move`), and an operator's merge (models/merges.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, false, func, insert, literal, or_, select, union_all, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from models.names import Move, Name, NameKind
+from models.tables import Identity, IdentityPrefix, sql_constant, utcnow
+
+#: The ledger's key, whose violation means "another create took this name".
+LEDGER_KEY = "pk_identities"
+
+
+class IdentityState(enum.StrEnum):
+    HELD = "held"
+    ARCHIVED = "archived"
+    DELETED = "deleted"
+    RELEASED = "released"
+
+    @property
+    def live(self) -> bool:
+        """A task still answers to the name (it may be archived)."""
+        return self in (IdentityState.HELD, IdentityState.ARCHIVED)
+
+
+#: ``deliveries.origin`` of a create synthesized from an item's state (a
+#: GitHub scan, a Jira search): it never brings back what a workspace had.
+SYNTHESIZED_ORIGIN = "scan"
+
+
+@dataclass(frozen=True)
+class Entrance:
+    """How the delivery making a create came in: what :func:`judge` weighs."""
+
+    origin: str
+    source_id: int
+    delivery_id: str
+    body_sha256: str
+    #: When it was received -- or replayed by an operator, which counts as
+    #: received again (an operator's decision, made after whatever came before).
+    received_at: datetime
+    #: An operator replayed it: their decision, so neither "this delivery
+    #: created it before" nor "a scan never brings it back" holds it back.
+    replayed: bool = False
+
+    @property
+    def synthesized(self) -> bool:
+        return self.origin == SYNTHESIZED_ORIGIN and not self.replayed
+
+
+@dataclass(frozen=True)
+class ItemNames:
+    """Every name a create knows its item by: the external id it creates
+    under, the provider's stable key, and the ids a move it announces left."""
+
+    external_id: str
+    stable_key: str | None = None
+    moved_from: tuple[str, ...] = ()
+
+    def all(self) -> list[Name]:
+        names = [Name.external(self.external_id)]
+        if self.stable_key is not None:
+            names.append(Name.stable(self.stable_key))
+        names += [Name.external(old) for old in self.moved_from if old != self.external_id]
+        return names
+
+
+@dataclass(frozen=True)
+class Recalled:
+    """One ledger row, as :func:`judge` reads it."""
+
+    name: Name
+    task_id: int
+    state: IdentityState
+    is_alias: bool
+    source_id: int | None
+    delivery_id: str | None
+    changed_at: datetime
+
+
+class Ruling(enum.Enum):
+    #: Nothing the ledger knows stands in the way: the create goes on.
+    CREATE = "create"
+    #: A task still answers to one of the names: the create is Found on it.
+    FOUND = "found"
+    #: The item had a task the workspace removed, and this entrance may not
+    #: bring it back: the delivery creates nothing.
+    RETIRED = "retired"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ruling: Ruling
+    task_id: int | None = None
+    reason: str | None = None
+
+
+CREATE = Verdict(Ruling.CREATE)
+
+
+def recall(session: Session, workspace_id: int, names: Sequence[Name]) -> list[Recalled]:
+    """The ledger's rows for ``names``, and for the names a learned repository
+    rename says each external one had before."""
+    wanted = list(names)
+    wanted += [
+        Name.external(before)
+        for name in names
+        if name.kind is NameKind.EXTERNAL
+        for before in _renamed_from(session, workspace_id, name.value)
+    ]
+    if not wanted:
+        return []
+    rows = session.execute(
+        select(
+            Identity.kind,
+            Identity.name,
+            Identity.task_id,
+            Identity.state,
+            Identity.is_alias,
+            Identity.source_id,
+            Identity.delivery_id,
+            Identity.changed_at,
+        ).where(
+            Identity.workspace_id == workspace_id,
+            or_(*(and_(Identity.kind == n.kind.value, Identity.name == n.value) for n in wanted)),
+        )
+    ).all()
+    by_name = {
+        Name(NameKind(kind), name): Recalled(
+            Name(NameKind(kind), name),
+            task_id,
+            IdentityState(state),
+            is_alias,
+            source_id,
+            delivery_id,
+            changed_at,
+        )
+        for kind, name, task_id, state, is_alias, source_id, delivery_id, changed_at in rows
+    }
+    # In the order asked: the external id first, so its row decides a tie.
+    return [by_name[name] for name in dict.fromkeys(wanted) if name in by_name]
+
+
+def _renamed_from(session: Session, workspace_id: int, external_id: str) -> list[str]:
+    """``external_id`` as it was before each learned rename whose new prefix it has."""
+    prefixes = session.execute(
+        select(IdentityPrefix.before, IdentityPrefix.after).where(
+            IdentityPrefix.workspace_id == workspace_id,
+            func.substr(literal(external_id), 1, func.length(IdentityPrefix.after))
+            == IdentityPrefix.after,
+        )
+    ).all()
+    return [before + external_id[len(after) :] for before, after in prefixes]
+
+
+def judge(rows: Sequence[Recalled], names: ItemNames, entrance: Entrance | None) -> Verdict:
+    """What the ledger says of a create of ``names``, whose names recalled ``rows``.
+
+    ``entrance`` is None for a create made outside the inbox (REST, MCP):
+    such a caller gets only the Found a name's task gives; the retirement
+    rules are about deliveries (docs/contract.md §15, "The identity ledger").
+    """
+    for row in rows:
+        if row.state.live:
+            return Verdict(Ruling.FOUND, row.task_id)
+    if entrance is None or not rows:
+        return CREATE
+    for row in rows:
+        if entrance.replayed:
+            break
+        if row.source_id == entrance.source_id and row.delivery_id == entrance.delivery_id:
+            return _retired(row, "this same delivery created it before, and never creates twice")
+    if entrance.synthesized:
+        return _retired(
+            rows[0], "the workspace had a task for it, and a scan or search never brings one back"
+        )
+    for row in rows:
+        if row.changed_at > entrance.received_at:
+            return _retired(
+                row,
+                f"the delivery was received before that "
+                f"({row.changed_at:%Y-%m-%d %H:%M:%S} UTC); replay it to create anew",
+            )
+    if any(row.name == Name.external(names.external_id) for row in rows):
+        return CREATE  # a new delivery after a delete or a release: a new task
+    for row in rows:
+        if row.state is IdentityState.DELETED:
+            # Known only by another name (before a move, or its stable key):
+            # the item an operator deleted has moved, not been created anew.
+            return _retired(row, "the item was deleted under that name, and has since moved")
+    return CREATE
+
+
+def _retired(row: Recalled, why: str) -> Verdict:
+    return Verdict(
+        Ruling.RETIRED,
+        row.task_id,
+        f"{row.name.value!r} was {row.state.value} (task {row.task_id}): {why}",
+    )
+
+
+def record_created(
+    session: Session,
+    *,
+    workspace_id: int,
+    task_id: int,
+    names: ItemNames,
+    entrance: Entrance | None,
+    now: datetime | None = None,
+) -> bool:
+    """Record the names of a task just inserted, in the insert's transaction.
+
+    A name the ledger holds as deleted or released is taken over; a name a
+    live task answers to is not. Returns False when one was (a rival create
+    took it since the lookup): the caller rolls back and looks again.
+    """
+    now = now or utcnow()
+    dialect = session.get_bind().dialect.name
+    for name in names.all():
+        taken = session.execute(
+            record_statement(
+                dialect,
+                workspace_id=workspace_id,
+                task_id=task_id,
+                name=name,
+                is_alias=name != Name.external(names.external_id)
+                and name.kind is NameKind.EXTERNAL,
+                entrance=entrance,
+                now=now,
+            )
+        ).first()
+        if taken is None:
+            return False
+    return True
+
+
+def record_statement(
+    dialect: str,
+    *,
+    workspace_id: int,
+    task_id: int,
+    name: Name,
+    is_alias: bool,
+    entrance: Entrance | None,
+    now: datetime,
+    state: IdentityState = IdentityState.HELD,
+    merge_id: int | None = None,
+):
+    """INSERT the name's row, or take over a freed one; RETURNING a row only
+    when the name is now the task's."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    values = {
+        "workspace_id": workspace_id,
+        "kind": name.kind.value,
+        "name": name.value,
+        "task_id": task_id,
+        "state": state.value,
+        "is_alias": is_alias,
+        "source_id": entrance.source_id if entrance else None,
+        "delivery_id": entrance.delivery_id if entrance else None,
+        "body_sha256": entrance.body_sha256 if entrance else None,
+        "merge_id": merge_id,
+        "created_at": now,
+        "changed_at": now,
+    }
+    statement = insert(Identity).values(values)
+    freed = Identity.state.in_([IdentityState.DELETED.value, IdentityState.RELEASED.value])
+    return statement.on_conflict_do_update(
+        index_elements=[Identity.workspace_id, Identity.kind, Identity.name],
+        set_={key: statement.excluded[key] for key in values if key != "created_at"},
+        where=or_(freed, Identity.task_id == task_id),
+    ).returning(Identity.task_id)
+
+
+def remember_aliases(
+    session: Session, *, workspace_id: int, names: ItemNames, known: Sequence[Recalled]
+) -> None:
+    """A create of ``names`` was Found on the task a ``known`` live row names:
+    the names the ledger lacks become that task's aliases, in its state."""
+    found = next(row for row in known if row.state.live)
+    recorded = {row.name for row in known}
+    dialect = session.get_bind().dialect.name
+    for name in names.all():
+        if name in recorded:
+            continue
+        session.execute(
+            record_statement(
+                dialect,
+                workspace_id=workspace_id,
+                task_id=found.task_id,
+                name=name,
+                is_alias=True,
+                entrance=None,
+                now=utcnow(),
+                state=found.state,
+            )
+        )
+
+
+#: The columns :func:`created_names_statement` fills.
+_CREATED_COLUMNS = (
+    "workspace_id",
+    "kind",
+    "name",
+    "task_id",
+    "state",
+    "is_alias",
+    "source_id",
+    "delivery_id",
+    "body_sha256",
+    "created_at",
+    "changed_at",
+)
+
+
+def created_names_statement(
+    *, workspace_id, task_id, external_id, stable_key, source_id, delivery_id, body_sha256, now
+):
+    """INSERT the rows of a task the fast path created: its external id, and
+    its stable key when it has one. Each argument is an SQL expression (a
+    bound parameter, or a column of the PostgreSQL statement's CTEs). A plain
+    INSERT: the fast path takes only names the ledger does not know, so a
+    conflict is a rival create's, and rolls the create back (LostTheRace)."""
+
+    def row(kind: NameKind, name):
+        return select(
+            workspace_id,
+            sql_constant(kind.value),
+            name,
+            task_id,
+            sql_constant(IdentityState.HELD.value),
+            false(),
+            source_id,
+            delivery_id,
+            body_sha256,
+            now,
+            now,
+        )
+
+    rows = union_all(
+        row(NameKind.EXTERNAL, external_id),
+        row(NameKind.STABLE, stable_key).where(stable_key.is_not(None)),
+    )
+    return insert(Identity).from_select(list(_CREATED_COLUMNS), rows)
+
+
+def unknown_to_the_ledger(workspace_id, external_id, stable_key):
+    """SQL: neither name of a create, nor a rename of its external id, is in
+    the ledger -- the fast path's share of step 3 (models.fastpath.plain_case)."""
+    return and_(
+        ~select(Identity.task_id)
+        .where(
+            Identity.workspace_id == workspace_id,
+            Identity.kind == sql_constant(NameKind.EXTERNAL.value),
+            Identity.name == external_id,
+        )
+        .exists(),
+        ~select(Identity.task_id)
+        .where(
+            Identity.workspace_id == workspace_id,
+            Identity.kind == sql_constant(NameKind.STABLE.value),
+            Identity.name == stable_key,
+        )
+        .exists(),
+        ~select(IdentityPrefix.before)
+        .where(
+            IdentityPrefix.workspace_id == workspace_id,
+            func.substr(external_id, 1, func.length(IdentityPrefix.after)) == IdentityPrefix.after,
+        )
+        .exists(),
+    )
+
+
+def task_became(session: Session, *, task_id: int, state: IdentityState) -> None:
+    """Every live name of the task is now ``state`` (archived, deleted or
+    released): in the transaction of the change itself."""
+    live = [IdentityState.HELD.value, IdentityState.ARCHIVED.value]
+    session.execute(
+        update(Identity)
+        .where(Identity.task_id == task_id, Identity.state.in_(live))
+        .values(state=state.value, changed_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+
+
+def learn_move(session: Session, *, workspace_id: int, move: Move) -> str:
+    """Record what ``move`` announces; a sentence saying what was learned.
+
+    The new name becomes an alias of the task the old one names, in the old
+    one's state (so a deleted item stays deleted under its new name). A
+    repository rename is kept as a prefix. A name another task already
+    answers to is left alone: two tasks for one item are an operator's to
+    merge (models/merges.py).
+    """
+    if move.prefix:
+        return _learn_prefix(session, workspace_id, move)
+    (before,) = recall(session, workspace_id, [move.before]) or (None,)
+    if before is None:
+        return f"nothing known as {move.before.value!r}; nothing to move"
+    (after,) = recall(session, workspace_id, [move.after]) or (None,)
+    if after is not None:
+        if after.task_id == before.task_id:
+            return f"{move.after.value!r} is already task {before.task_id}'s"
+        if after.state.live:
+            return (
+                f"{move.after.value!r} is task {after.task_id}'s, {move.before.value!r} task "
+                f"{before.task_id}'s: merge them if they are one item (taskhook identities merge)"
+            )
+    dialect = session.get_bind().dialect.name
+    session.execute(
+        record_statement(
+            dialect,
+            workspace_id=workspace_id,
+            task_id=before.task_id,
+            name=move.after,
+            is_alias=True,
+            entrance=None,
+            now=utcnow(),
+            state=before.state,
+        )
+    )
+    return f"{move.after.value!r} is now an alias of task {before.task_id} ({before.state.value})"
+
+
+def _learn_prefix(session: Session, workspace_id: int, move: Move) -> str:
+    earlier = session.get(IdentityPrefix, (workspace_id, move.before.value))
+    # A second rename (a → b, then b → c) points c at a, where the names live.
+    before = earlier.before if earlier is not None else move.before.value
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(IdentityPrefix).values(
+        workspace_id=workspace_id, after=move.after.value, before=before, learned_at=utcnow()
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[IdentityPrefix.workspace_id, IdentityPrefix.after],
+            set_={"before": statement.excluded.before, "learned_at": statement.excluded.learned_at},
+        )
+    )
+    return f"external ids beginning {move.after.value!r} are the ones beginning {before!r}"
+
+
+def names_of(session: Session, task_ids: Iterable[int]) -> dict[int, list[Identity]]:
+    """Each task's names in the ledger, its own first, then its aliases."""
+    ids = list(task_ids)
+    found: dict[int, list[Identity]] = {task_id: [] for task_id in ids}
+    if not ids:
+        return found
+    rows = session.scalars(
+        select(Identity)
+        .where(Identity.task_id.in_(ids))
+        .order_by(Identity.task_id, Identity.is_alias, Identity.kind, Identity.name)
+    )
+    for row in rows:
+        found[row.task_id].append(row)
+    return found
