@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import session_scope
-from models.inbox import IncomingDelivery, record_delivery
+from models.inbox import WEBHOOK_ORIGIN, IncomingDelivery, record_delivery
 from models.intake import NOTHING_READ, Reading, read_delivery
 from models.providers import PROVIDERS
 from models.sources import add_source
@@ -113,6 +113,7 @@ def store_delivery(
     content_type: str | None = "application/json",
     delivery_id: str | None = None,
     reading: Reading = NOTHING_READ,
+    origin: str = WEBHOOK_ORIGIN,
 ) -> int:
     """Record one delivery as the ingress does, keeping what it read from the
     body (``reading``); returns the inbox row's key."""
@@ -126,6 +127,7 @@ def store_delivery(
         content_type=content_type,
         external_id=reading.external_id,
         task=reading.task,
+        origin=origin,
     )
     with session_scope(sessions) as session:
         return record_delivery(session=session, incoming=incoming).pk
@@ -143,14 +145,18 @@ def store_fixture(
     *,
     delivery_id: str | None = None,
     read: bool = True,
+    body: bytes | None = None,
+    origin: str = WEBHOOK_ORIGIN,
 ) -> int:
     """Store fixture ``name``; with ``read``, also the task its body describes,
     as the ingress keeps it (``read=False``: a row stored before it was kept).
 
     Each call stores bytes of its own (trailing white space, which JSON
     ignores): two deliveries never carry the same bytes -- Jira's differ in
-    their timestamp -- and the same body under another id is a replay."""
-    body = fixture(provider, name) + b" " * next(_STORED)
+    their timestamp -- and the same body under another id is a replay.
+    ``body`` stores those bytes instead (a redelivery, a replay)."""
+    if body is None:
+        body = fixture(provider, name) + b" " * next(_STORED)
     event = event_of(provider, name, body)
     reading = NOTHING_READ
     if read:
@@ -163,6 +169,7 @@ def store_fixture(
         event=event,
         delivery_id=delivery_id,
         reading=reading,
+        origin=origin,
     )
 
 
