@@ -21,12 +21,12 @@ from sqlalchemy import desc, select
 from sqlalchemy.orm import Session
 
 from models.errors import InvalidSource, SourceNotFound
+from models.names import NameKind
 from models.tables import (
     CatchUpRun,
     CatchUpSource,
     Delivery,
-    IdentityRelease,
-    Task,
+    Identity,
     WebhookSource,
     utcnow,
 )
@@ -414,21 +414,24 @@ def known_delivery_ids(*, session: Session, source_id: int, delivery_ids: list[s
 
 
 def known_identities(*, session: Session, workspace_id: int, external_ids: list[str]) -> set[str]:
-    """Which of ``external_ids`` the workspace has had a task for: one holds
-    it, or an operator released it. A scan creates neither again: a held one
-    is Found anyway, and a release is the operator's decision to act on the
-    next create the sender makes, not on an old one a scan turns up."""
+    """Which of ``external_ids`` the identity ledger knows in the workspace,
+    whatever became of them: a scan or search never creates one again
+    (docs/contract.md §15, "The identity ledger"). Only a filter, to store
+    less: the worker asks the ledger again when it runs the delivery, for a
+    delivery stored before a delete or a release, and for the names a
+    rename or a stable key ties to one of these."""
     known: set[str] = set()
     for start in range(0, len(external_ids), 500):
         chunk = external_ids[start : start + 500]
-        for table in (Task, IdentityRelease):
-            known.update(
-                session.scalars(
-                    select(table.external_id).where(
-                        table.workspace_id == workspace_id, table.external_id.in_(chunk)
-                    )
+        known.update(
+            session.scalars(
+                select(Identity.name).where(
+                    Identity.workspace_id == workspace_id,
+                    Identity.kind == NameKind.EXTERNAL.value,
+                    Identity.name.in_(chunk),
                 )
             )
+        )
     return known
 
 

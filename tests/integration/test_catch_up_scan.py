@@ -13,12 +13,13 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import select
 
 from bench.fakes.github_api import FakeGitHub
+from models.access import Caller
 from models.catchup import set_app_access, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
 from models.sources import add_source
 from models.tables import CatchUpRun, Delivery, Task, Workspace, utcnow
-from models.tasks import release_external_id
+from models.tasks import delete_task, release_external_id
 from tests.support.runs import run
 from tests.support.scenarios import SECRET
 from tests.support.stores import Store
@@ -148,6 +149,32 @@ def test_an_item_the_workspace_had_a_task_for_is_left_alone_even_once_released(
     assert again.missed == [f"scan:gh-issue/{REPO}#5"]
     drain(store, again.recovered)
     assert titles(store) == ["Issue 1", "Issue 2", "Issue 3", "Issue 5"]
+
+
+def test_a_deleted_task_never_comes_back_however_often_the_scan_runs(
+    store: Store, github: FakeGitHub
+):
+    workspace_id = a_github_source(store, events=["issues.opened"])
+    with_token(store, github)
+    for number in (1, 2):
+        github.open_issue(REPO, title=f"Issue {number}")
+    drain(store, scan(store).recovered)
+    with session_scope(store.sessions) as session:
+        (first,) = session.scalars(
+            select(Task).where(
+                Task.workspace_id == workspace_id, Task.external_id == f"gh-issue/{REPO}#1"
+            )
+        )
+        delete_task(session=session, caller=Caller.trusted("ops"), task_id=first.id)
+        # the scan's delivery row pruned too: the ledger alone remembers
+        session.execute(
+            Delivery.__table__.delete().where(Delivery.delivery_id == f"scan:gh-issue/{REPO}#1")
+        )
+
+    again = scan(store)
+
+    assert again.missed == [] and again.recovered == []
+    assert titles(store) == ["Issue 2"]
 
 
 def test_a_scan_cut_off_halfway_then_run_again_stores_nothing_twice_and_misses_nothing(
