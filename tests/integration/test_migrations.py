@@ -172,3 +172,56 @@ def test_0010_gives_rows_stored_before_it_a_budget_with_nothing_spent(empty_engi
         command.downgrade(alembic_config(connection), "0009")
     columns = {column["name"] for column in inspect(empty_engine).get_columns("deliveries")}
     assert "retries" not in columns and "attempts" in columns
+
+
+def test_0018_backfills_the_ledger_from_the_tasks_and_their_events(empty_engine: Engine):
+    statements = [
+        "INSERT INTO workspaces (id, slug, name, task_prefix, created_at) "
+        "VALUES (1, 'acme', 'Acme', 'ACME', CURRENT_TIMESTAMP)",
+        "INSERT INTO workflow_steps (id, workspace_id, name, position) VALUES (1, 1, 'Inbox', 0)",
+        "INSERT INTO webhook_sources (id, slug, provider, workspace_id, create_events, "
+        "created_at) VALUES (1, 'acme-github', 'github', 1, '[]', CURRENT_TIMESTAMP)",
+        "INSERT INTO deliveries (id, source_id, delivery_id, body, body_sha256, event, headers, "
+        "received_at, updated_at, status, attempts) VALUES (1, 1, 'd-1', '', 'abc', "
+        "'issues.opened', '{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'done', 1)",
+        # held, created by delivery 1; archived; released (the task stays, without its id)
+        "INSERT INTO tasks (id, workspace_id, identifier, title, step_id, created_at, "
+        "updated_at, external_id, external_id_settled_at, created_by_delivery) VALUES "
+        "(1, 1, 'ACME-1', 'held', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'gh-issue/a/b#1', "
+        "CURRENT_TIMESTAMP, 1)",
+        "INSERT INTO tasks (id, workspace_id, identifier, title, step_id, created_at, "
+        "updated_at, archived_at, external_id, external_id_settled_at) VALUES "
+        "(2, 1, 'ACME-2', 'archived', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, "
+        "CURRENT_TIMESTAMP, 'gh-issue/a/b#2', CURRENT_TIMESTAMP)",
+        "INSERT INTO tasks (id, workspace_id, identifier, title, step_id, created_at, "
+        "updated_at) VALUES (4, 1, 'ACME-4', 'released', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        "INSERT INTO event_streams (workspace_id, last_position) VALUES (1, 3)",
+        # #3 was deleted; #4 released; #1 deleted once, then created again (held wins)
+        "INSERT INTO task_events (workspace_id, position, type, task_id, external_id, "
+        "occurred_at) VALUES (1, 1, 'task.deleted', 3, 'gh-issue/a/b#3', CURRENT_TIMESTAMP)",
+        "INSERT INTO task_events (workspace_id, position, type, task_id, external_id, "
+        "occurred_at) VALUES (1, 2, 'task.identity_released', 4, 'gh-issue/a/b#4', "
+        "CURRENT_TIMESTAMP)",
+        "INSERT INTO task_events (workspace_id, position, type, task_id, external_id, "
+        "occurred_at) VALUES (1, 3, 'task.deleted', 9, 'gh-issue/a/b#1', CURRENT_TIMESTAMP)",
+    ]
+    with empty_engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0017")
+        for statement in statements:
+            connection.execute(text(statement))
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+
+    with empty_engine.connect() as connection:
+        rows = connection.execute(
+            text(
+                "SELECT name, task_id, state, delivery_id, body_sha256 FROM identities "
+                "WHERE kind = 'external' ORDER BY name"
+            )
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        ("gh-issue/a/b#1", 1, "held", "d-1", "abc"),
+        ("gh-issue/a/b#2", 2, "archived", None, None),
+        ("gh-issue/a/b#3", 3, "deleted", None, None),
+        ("gh-issue/a/b#4", 4, "released", None, None),
+    ]
