@@ -17,6 +17,7 @@ import psycopg
 from sqlalchemy import text
 
 from bench import report, taskhook
+from bench.aliases import aliases
 from bench.baselines import DURABLE_TABLE
 from bench.brokers import brokers
 from bench.catch_up import catch_up
@@ -62,6 +63,11 @@ class Sizes:
     scale_creates: int
     scale_rounds: int
     scale_ingress_seconds: float
+    #: bench aliases: the two counts of alias rows, the aliases timed in
+    #: each, and the rounds (taking turns).
+    aliases_sizes: tuple[int, int]
+    aliases_lookups: int
+    aliases_rounds: int
     memory_deliveries: int
     sqlite_deliveries: int
     #: bench sqlite: rounds of each side (now, previous settings), taking turns.
@@ -123,6 +129,9 @@ SMOKE = Sizes(
     scale_creates=40,
     scale_rounds=1,
     scale_ingress_seconds=1.5,
+    aliases_sizes=(1_000, 10_000),
+    aliases_lookups=30,
+    aliases_rounds=1,
     memory_deliveries=600,
     sqlite_deliveries=60,
     sqlite_rounds=1,
@@ -171,6 +180,9 @@ DEFAULT = Sizes(
     scale_creates=300,
     scale_rounds=3,
     scale_ingress_seconds=6,
+    aliases_sizes=(10_000, 1_000_000),
+    aliases_lookups=300,
+    aliases_rounds=4,
     memory_deliveries=40_000,
     sqlite_deliveries=2_000,
     sqlite_rounds=3,
@@ -849,4 +861,5 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "workspaces": workspaces,
     "latency": latency,
     "streams": streams,
+    "aliases": aliases,
 }

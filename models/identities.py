@@ -462,6 +462,16 @@ def _learn_prefix(session: Session, workspace_id: int, move: Move) -> str:
     return f"external ids beginning {move.after.value!r} are the ones beginning {before!r}"
 
 
+def task_called(session: Session, workspace_id: int, name: Name) -> int | None:
+    """The task that answers to ``name`` in the ledger (held or archived,
+    under a learned rename too), or None. A lookup's question, after the
+    tasks' own external ids."""
+    for row in recall(session, workspace_id, [name]):
+        if row.state.live:
+            return row.task_id
+    return None
+
+
 def names_of(session: Session, task_ids: Iterable[int]) -> dict[int, list[Identity]]:
     """Each task's names in the ledger, its own first, then its aliases."""
     ids = list(task_ids)

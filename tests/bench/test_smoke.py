@@ -209,3 +209,10 @@ def test_streams(tmp_path: Path) -> None:
     assert latency["arrivals"] == latency["deliveries"] * count
     assert latency["duplicates"] == 0 and latency["latency"]["p99_ms"] > 0
     assert result["exact"]
+
+
+def test_aliases(tmp_path: Path) -> None:
+    result = run("aliases", tmp_path)
+    for size, by_what in result["latency"].items():
+        for what, stats in by_what.items():
+            assert stats["p50_ms"] > 0 and stats["mean_ms"] > 0, (size, what)
