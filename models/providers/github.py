@@ -209,12 +209,13 @@ class IssuesEvent(_Payload):
 
     issue: Issue
     repository: Repository
-    #: Read only for a transfer's ``old_issue`` and ``old_repository``.
-    changes: dict[str, Any] | None = None
+    #: Read only for a transfer's ``old_issue`` and ``old_repository``: what
+    #: else it holds never costs the create.
+    changes: Any = None
 
     def moved_from(self) -> OpenedByTransfer | None:
         """Where the issue was before the transfer this create announces, if one did."""
-        changes = self.changes or {}
+        changes = self.changes if isinstance(self.changes, dict) else {}
         if "old_issue" not in changes and "old_repository" not in changes:
             return None
         return OpenedByTransfer.model_validate(changes)

@@ -175,11 +175,17 @@ class Attributes(_Payload):
     id: Any = None
 
 
-class MovedAttributes(Attributes):
-    """``object_attributes`` of an issue update or close: ``moved_to_id`` is
-    null (or 0) unless the issue was moved."""
+class MovedTo(_Payload):
+    """``object_attributes`` of an issue update or close, for ``moved_to_id``
+    alone: null (or 0) unless the issue was moved."""
 
     moved_to_id: int | None = Field(default=None, strict=True, ge=0)
+
+
+class MoveMarker(_Payload):
+    """An issue ``close`` or ``update``, for whether it says the issue moved."""
+
+    object_attributes: MovedTo
 
 
 class ObjectEvent(_Payload):
@@ -188,12 +194,6 @@ class ObjectEvent(_Payload):
 
     project: Project
     object_attributes: Attributes
-
-
-class ClosedOrUpdated(ObjectEvent):
-    """An issue ``close`` or ``update``: it may say where the issue moved."""
-
-    object_attributes: MovedAttributes
 
 
 class GitLab(Provider):
@@ -295,13 +295,14 @@ class GitLab(Provider):
         if event not in MOVE_EVENTS:
             return ()
         try:
-            delivery = ClosedOrUpdated.model_validate(payload)
+            moved_to_id = MoveMarker.model_validate(payload).object_attributes.moved_to_id
+            if not moved_to_id:
+                return ()  # most closes and updates: the rest of the body is not read
+            delivery = ObjectEvent.model_validate(payload)
         except ValidationError as error:
             raise unsupported_because_invalid(event, error) from error
         item = delivery.object_attributes
-        if not item.moved_to_id:
-            return ()
-        after = _stable_key("gl-issue", item.url, item.moved_to_id)
+        after = _stable_key("gl-issue", item.url, moved_to_id)
         if after is None:
             raise UnsupportedPayload(f"{event} payload names no instance in object_attributes.url")
         before = moved_name(f"gl-issue/{delivery.project.path_with_namespace}#{item.iid}")

@@ -110,11 +110,14 @@ def test_an_issue_opened_as_new_names_no_earlier_name(name: str) -> None:
     assert github.to_draft("issues.opened", payload(name)).moved_from == ()
 
 
-def test_changes_without_a_transfer_name_no_earlier_name() -> None:
+@pytest.mark.parametrize("changes", [{"title": {"from": "an older title"}}, [], "x", None])
+def test_changes_without_a_transfer_name_no_earlier_name(changes: object) -> None:
     body = payload("issues__opened")
-    body["changes"] = {"title": {"from": "an older title"}}
+    body["changes"] = changes
 
-    assert github.to_draft("issues.opened", body).moved_from == ()
+    draft = github.to_draft("issues.opened", body)
+
+    assert (draft.moved_from, draft.external_id) == ((), "gh-issue/Codertocat/Hello-World#1")
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,21 @@ def test_a_close_that_names_no_issue_announces_no_move(moved_to_id: object) -> N
     assert gitlab.moves("Issue Hook.close", body) == ()
 
 
+def test_a_close_that_names_no_issue_is_not_read_further() -> None:
+    body = payload("issue_hook__close")
+    del body["project"], body["object_attributes"]["url"], body["object_attributes"]["iid"]
+
+    assert gitlab.moves("Issue Hook.close", body) == ()
+
+
+def test_a_move_on_an_instance_a_url_cannot_name_is_unsupported() -> None:
+    body = payload(MOVED)
+    body["object_attributes"]["url"] = "http://example.com:port/diaspora/issues/23"
+
+    with pytest.raises(UnsupportedPayload, match="names no instance"):
+        gitlab.moves("Issue Hook.close", body)
+
+
 @pytest.mark.parametrize(
     ("event", "name"),
     [
