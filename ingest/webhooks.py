@@ -14,9 +14,12 @@ hold can only make noise. Nothing is stored before the delivery verifies.
 There is one route per provider in ``models.providers.PROVIDERS``, and
 everything provider-specific -- how a delivery is verified, where its id and
 event come from, what its body says -- is a member of that provider
-(``models/providers/base.py``). An event the provider neither handles nor
-knows as ignored is stored as ignored too, but as an unknown event, counted
-apart (``models.providers.UNKNOWN_EVENT``).
+(``models/providers/base.py``). An event the source does not create tasks
+from is stored as ignored -- unless it announces a move, which is queued for
+the worker all the same (``models.intake``; docs/contract.md §15, "Stable
+keys"). An event the provider neither handles nor knows as ignored is stored
+as ignored too, but as an unknown event, counted apart
+(``models.providers.UNKNOWN_EVENT``).
 
 The routes are bare ASGI apps (:class:`WebhookRoute`) in the app's
 router, not FastAPI endpoints: at the ingress's rate, FastAPI's per-request

@@ -31,6 +31,10 @@ from models.tasks import NewTask, validated_new_task
 #: own (``Provider.kept_headers``): never a signature or credentials.
 KEPT_HEADERS = ("content-type", "user-agent")
 
+#: The ``status_reason`` of a delivery stored for the worker though it creates
+#: nothing: it announces a move (docs/contract.md §15, "Stable keys").
+ANNOUNCES_A_MOVE = "announces a move"
+
 _COLUMNS = Delivery.__table__.c
 #: Column sizes of the inbox row, as the table declares them.
 EVENT_LENGTH = _COLUMNS.event.type.length
@@ -127,7 +131,12 @@ def incoming_delivery(
     the inbox must not take: a body the provider cannot decode (an
     unsupported content type, or malformed), no event, fields the row cannot
     hold, a body older than any retry of its sender (too old).
-    ``headers`` is case-insensitive (Starlette's or httpx's)."""
+    ``headers`` is case-insensitive (Starlette's or httpx's).
+
+    The row is queued for the worker when the source creates tasks from the
+    event, or when the provider says the delivery announces a move
+    (``Provider.moves``; status reason :data:`ANNOUNCES_A_MOVE`), so the
+    worker learns it though it creates nothing; ignored otherwise."""
     content_type = headers.get("content-type")
     try:
         payload = provider.decode_body(content_type, body)
@@ -158,12 +167,17 @@ def incoming_delivery(
         )
 
     known = event in provider.handled_events or event in provider.ignored_events
+    reading = NOTHING_READ
     if event in source.create_events:
         status, reason = DeliveryStatus.QUEUED, None
         reading = read_delivery(provider, event, payload, source.site_url)
     else:
-        status, reason = DeliveryStatus.IGNORED, ignored_reason(provider, event)
-        reading = NOTHING_READ
+        announced, unreadable = _announces_a_move(provider, event, payload, source.site_url)
+        if announced:
+            # Queued so the worker learns the move, though it creates nothing.
+            status, reason = DeliveryStatus.QUEUED, ANNOUNCES_A_MOVE
+        else:
+            status, reason = DeliveryStatus.IGNORED, ignored_reason(provider, event) + unreadable
     action = provider.action_of(payload)
     hook_id = provider.hook_id(headers)
     incoming = IncomingDelivery(
@@ -183,6 +197,22 @@ def incoming_delivery(
         task=reading.task,
     )
     return incoming, known
+
+
+def _announces_a_move(
+    provider: Provider, event: str, payload: dict[str, Any], site_url: str | None
+) -> tuple[bool, str]:
+    """Whether the delivery announces a move, and what to add to the reason it
+    is ignored when it does not: nothing, or why the move it names cannot be
+    read. Such a delivery is still stored, ignored as before: its body is
+    kept, and its reason says what is wrong with it."""
+    if event not in provider.move_events:
+        return False, ""
+    try:
+        moves = provider.moves(event, payload, site_url)
+    except UnsupportedPayload as error:
+        return False, f"; the move it names cannot be read: {error}"
+    return bool(moves), ""
 
 
 def _storable(value: object, length: int) -> bool:

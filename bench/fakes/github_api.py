@@ -12,8 +12,10 @@ What the log cannot tell (a delivery older than three days, one GitHub never
 tried) a state scan finds by asking for the state itself, so the fake also holds
 repositories' issues and pull requests and serves ``GET /repos/{owner}/{repo}/issues``
 with its documented ``state``, ``since``, ``sort`` and ``direction`` and numbered
-pages. For a source that is a GitHub App it serves the way to a token that may
-read them: ``GET /repos/{owner}/{repo}/installation`` and
+pages, and ``GET /repos/{owner}/{repo}`` for the repository's ``id``, which a
+rename (:meth:`FakeGitHub.rename_repo`) keeps. For a source that is a GitHub
+App it serves the way to a token that may read them:
+``GET /repos/{owner}/{repo}/installation`` and
 ``POST /app/installations/{id}/access_tokens``, both with the App's JWT::
 
     with FakeGitHub(token="ghp_test") as github:
@@ -31,11 +33,12 @@ Of issues: the other filters (``milestone``, ``assignee``, ``type``, ``creator``
 ``mentioned``, ``labels``: ignored), labels, assignees, milestones, comments,
 locks and reopening; every repository is private (a token that may not see it
 gets a 404); page links name ``/repos/{owner}/{repo}/issues`` where GitHub's name
-``/repositories/{id}/issues``; the objects' own URLs name api.github.com and
-github.com, not the fake. Of Apps: a JWT's signature and claims are not checked
-(any three-part bearer token is App ``APP_ID``'s); a token request's body
-(``repositories``, ``permissions``) is not read; the App and its tokens share
-the one rate limit.
+``/repositories/{id}/issues``; a repository is a few of GitHub's fields, and
+its old name after a rename is a 404 where GitHub redirects; the objects' own
+URLs name api.github.com and github.com, not the fake. Of Apps: a JWT's
+signature and claims are not checked (any three-part bearer token is App
+``APP_ID``'s); a token request's body (``repositories``, ``permissions``) is
+not read; the App and its tokens share the one rate limit.
 """
 
 from __future__ import annotations
@@ -98,15 +101,18 @@ REPO = re.compile(r"[^/\s]+/[^/\s]+")  # owner/name
 ACCOUNT = re.compile(r"[^/\s]+")
 REPO_ROUTE = r"/repos/(?P<owner>[^/]+)/(?P<name>[^/]+)"
 ISSUES_ROUTE = re.compile(rf"{REPO_ROUTE}/issues")
+REPOSITORY_ROUTE = re.compile(REPO_ROUTE)
 INSTALLATION_ROUTE = re.compile(rf"{REPO_ROUTE}/installation")
 ACCESS_TOKENS_ROUTE = re.compile(r"/app/installations/(?P<installation>[^/]+)/access_tokens")
 LIST_ISSUES_DOCS = f"{DOCS}/issues/issues#list-repository-issues"
+GET_REPOSITORY_DOCS = f"{DOCS}/repos/repos#get-a-repository"
 GET_INSTALLATION_DOCS = f"{DOCS}/apps/apps#get-a-repository-installation-for-the-authenticated-app"
 CREATE_TOKEN_DOCS = f"{DOCS}/apps/apps#create-an-installation-access-token-for-an-app"
 #: The objects' own URLs, as GitHub's: what a client follows is the Link header.
 API_URL = "https://api.github.com"
 WEB_URL = "https://github.com"
 FIRST_ISSUE_ID = 2_000_000_001
+FIRST_REPOSITORY_ID = 700_000_001
 FIRST_INSTALLATION_ID = 42_000_001
 FIRST_ACCOUNT_ID = 9_000_001
 ISSUE_AUTHOR = ("octocat", 1)  # login and id: every issue is the example user's
@@ -423,6 +429,8 @@ class FakeGitHub(FakeServer):
         self._ids = itertools.count(FIRST_ATTEMPT_ID)
         self._rate_limit = _RateLimit()
         self._repos: dict[str, str] = {}  # lower-case owner/name: as first spelled
+        self._repo_ids: dict[str, int] = {}  # lower-case owner/name: repository.id
+        self._next_repo_ids = itertools.count(FIRST_REPOSITORY_ID)
         self._issues: dict[str, dict[int, Issue]] = {}  # by lower-case owner/name, number
         self._issue_ids = itertools.count(FIRST_ISSUE_ID)
         self._installations: dict[int, _Installation] = {}
@@ -509,6 +517,34 @@ class FakeGitHub(FakeServer):
         key, name = _repo_key(repo)
         with self._lock:
             return self._add_repo(key, name)
+
+    def repository_id(self, repo: str) -> int:
+        """``repo``'s ``id``, as its webhooks' ``repository.id`` says it."""
+        key, _ = _repo_key(repo)
+        with self._lock:
+            return self._repo_ids[key]
+
+    def rename_repo(self, repo: str, new: str) -> None:
+        """Rename (or transfer) ``repo`` to ``new``, both ``owner/name``: its
+        ``id``, issues and pull requests go with it, as on GitHub; the old name
+        is then unknown (GitHub would redirect it)."""
+        key, _ = _repo_key(repo)
+        new_key, new_name = _repo_key(new)
+        with self._lock:
+            if key not in self._repos:
+                raise KeyError(f"no repository {repo}")
+            if new_key in self._repos and new_key != key:
+                raise ValueError(f"{new} exists already")
+            del self._repos[key]
+            self._repos[new_key] = new_name
+            self._repo_ids[new_key] = self._repo_ids.pop(key)
+            issues = self._issues.pop(key, {})
+            self._issues[new_key] = {n: replace(i, repo=new_name) for n, i in issues.items()}
+            for installation in list(self._installations.values()):
+                selected = installation.repositories
+                if selected is not None and key in selected:
+                    moved = replace(installation, repositories=selected - {key} | {new_key})
+                    self._installations[installation.id] = moved
 
     def open_issue(
         self,
@@ -624,6 +660,8 @@ class FakeGitHub(FakeServer):
             ]
 
     def _add_repo(self, key: str, name: str) -> str:
+        if key not in self._repo_ids:
+            self._repo_ids[key] = next(self._next_repo_ids)
         return self._repos.setdefault(key, name)
 
     def _issue(self, repo: str, number: int) -> Issue:
@@ -706,6 +744,8 @@ class FakeGitHub(FakeServer):
             return self._issues_route(request, _route_repo(route))
         if route := INSTALLATION_ROUTE.fullmatch(request.path):
             return self._installation_route(request, _route_repo(route))
+        if route := REPOSITORY_ROUTE.fullmatch(request.path):
+            return self._repository_route(request, _route_repo(route))
         if route := ACCESS_TOKENS_ROUTE.fullmatch(request.path):
             return self._access_tokens_route(request, route["installation"])
         return _error(404, "Not Found", DOCS)
@@ -792,6 +832,34 @@ class FakeGitHub(FakeServer):
         except _InvalidField as invalid:
             return _validation_failed("Issue", invalid.field, LIST_ISSUES_DOCS)
         return self._list_issues(request, repo, query)
+
+    def _repository_route(self, request: ReceivedRequest, repo: str) -> Answer:
+        authorization = request.headers.get("authorization", "")
+        refusal = self._token_refusal(authorization)
+        if refusal is not None:
+            return refusal
+        self._rate_limit.spend()
+        known = repo in self._repos and self._may_read(authorization, repo)
+        if request.method != "GET" or not known:
+            return _error(404, "Not Found", GET_REPOSITORY_DOCS)
+        return Answer(200, self._repository(repo))
+
+    def _repository(self, key: str) -> dict[str, Any]:
+        """The repository as ``GET /repos/{owner}/{repo}`` answers it: a few of
+        its fields, in the example's order (every repository is private)."""
+        full_name, repository_id = self._repos[key], self._repo_ids[key]
+        owner, name = full_name.split("/", 1)
+        return {
+            "id": repository_id,
+            "node_id": _node_id("Repository", repository_id),
+            "name": name,
+            "full_name": full_name,
+            "private": True,
+            "owner": _account(owner, self._account_id(owner), "User"),
+            "html_url": f"{WEB_URL}/{full_name}",
+            "url": f"{API_URL}/repos/{full_name}",
+            "issues_url": f"{API_URL}/repos/{full_name}/issues{{/number}}",
+        }
 
     def _issue_query(self, query: dict[str, str]) -> _IssueQuery:
         def choice(name: str, choices: dict[str, Any], default: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from models.providers.drafts import TaskDraft
+from models.providers.names import Move
 
 
 class Verifier(Protocol):
@@ -58,6 +59,9 @@ class Provider(Protocol):
     #: delivery of an event in neither set is stored as ignored too, but as
     #: an *unknown* event, counted apart (``models.providers.UNKNOWN_EVENT``).
     ignored_events: frozenset[str]
+    #: The events that may announce a move (:meth:`moves`): stored for the
+    #: worker when one does, though they create nothing (docs/contract.md §15).
+    move_events: frozenset[str]
     #: Whether a source takes a site (``--site``): the base URL its links point at.
     takes_site: bool
     #: Where a person pastes a generated secret, e.g. "GitHub's webhook “Secret” field".
@@ -94,9 +98,23 @@ class Provider(Protocol):
         self, event: str, payload: dict[str, Any], *, site: str | None = None
     ) -> TaskDraft:
         """The task a delivery of a handled ``event`` describes; ``site`` is the
-        source's configured site, if any. Raises
+        source's configured site, if any. The draft names the item's stable
+        key where the provider has one, and the names a create says the item
+        had (docs/contract.md §15, "Stable keys"). Raises
         :class:`~models.providers.drafts.UnsupportedPayload` for an event not in
         :attr:`handled_events` or a payload that lacks what the draft needs."""
+        ...
+
+    def moves(
+        self, event: str, payload: dict[str, Any], site: str | None = None
+    ) -> tuple[Move, ...]:
+        """The moves a delivery of ``event`` announces (models/providers/names.py):
+        an item transferred, renamed or moved to another project, known by the
+        names it had and has. ``()`` for an event not in :attr:`move_events`
+        and for one that announces none (most updates). ``site`` is the
+        source's configured site, if any. Raises
+        :class:`~models.providers.drafts.UnsupportedPayload` for a payload that
+        announces a move it does not say enough about."""
         ...
 
     def sample_headers(

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, ValidationError
 
+from models.errors import InvalidExternalId
+from models.external_id import normalize_external_id
 from models.tasks import (
     MAX_DESCRIPTION_LENGTH,
     MAX_TITLE_LENGTH,
@@ -210,6 +212,64 @@ def draft_description(raw: str | None) -> str | None:
         kept = MAX_DESCRIPTION_LENGTH - len(TRUNCATION_MARKER)
         description = description[:kept].rstrip() + TRUNCATION_MARKER
     return description
+
+
+def url_host(url: object) -> str | None:
+    """The host of an absolute http(s) URL, lower case, with its port unless
+    it is the scheme's default; None for anything else.
+
+    Part of a stable key (docs/contract.md §15, "Stable keys"): the same
+    site spelled ``https://Jira.Example.com:443/`` or
+    ``https://jira.example.com`` must give the same key.
+    """
+    if not isinstance(url, str):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # a port that is not a number, "https://[/..."
+        return None
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    default = 443 if parts.scheme == "https" else 80
+    return host if port in (None, default) else f"{host}:{port}"
+
+
+def positive_id(value: object) -> int | None:
+    """A provider's numeric id: a positive integer, or its decimal digits in a
+    string (Jira's ``issue.id`` is ``"10002"``); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        value = int(value)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def bounded_key(key: str) -> str | None:
+    """``key`` when it can name an item as an external id can: no control
+    characters, no surrounding white space, at most 255 bytes; None otherwise.
+    A stable key that cannot be kept is no stable key: the item is then known
+    by its external id alone."""
+    try:
+        kept = normalize_external_id(key)
+    except InvalidExternalId:
+        return None
+    return key if kept == key else None
+
+
+def moved_name(external_id: str) -> str:
+    """``external_id`` (or an external-id prefix) as a move names it: as the
+    task store would keep it. :class:`UnsupportedPayload` for one it could not."""
+    try:
+        kept = normalize_external_id(external_id)
+    except InvalidExternalId as error:
+        raise UnsupportedPayload(f"the move names an unusable id ({error})") from error
+    if kept != external_id:
+        raise UnsupportedPayload("the move names an id with surrounding white space")
+    return external_id
 
 
 def storable_text(raw: str) -> str:

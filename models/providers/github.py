@@ -12,9 +12,35 @@ Provider documentation this module follows:
   https://docs.github.com/en/webhooks/using-webhooks/creating-webhooks
 - Payloads: https://docs.github.com/en/webhooks/webhook-events-and-payloads#issues and
   https://docs.github.com/en/webhooks/webhook-events-and-payloads#pull_request
+- Moves: https://docs.github.com/en/webhooks/webhook-events-and-payloads#issues
+  (``transferred``: ``changes.new_issue`` and ``changes.new_repository``; an
+  ``opened`` after a transfer carries ``changes.old_issue`` and
+  ``changes.old_repository``) and
+  https://docs.github.com/en/webhooks/webhook-events-and-payloads#repository
+  (``renamed``: ``changes.repository.name.from``; ``transferred``:
+  ``changes.owner.from.user`` or ``changes.owner.from.organization``).
 
 The event name is ``X-GitHub-Event`` joined to the body's ``action`` with a dot
 (``issues.opened``), or the header alone when the body has no action (``ping``, ``push``).
+
+Names (docs/contract.md §15, "Stable keys"):
+
+- external id: ``gh-issue/<owner>/<repository>#<number>``, ``gh-pr/<owner>/<repository>#<number>``;
+- stable key: ``gh-issue-in-repo:<repository.id>#<number>``,
+  ``gh-pr-in-repo:<repository.id>#<number>`` where the payload carries the
+  repository's numeric ``id``, which survives a rename or a transfer of the
+  repository (None without it). An issue transferred to another repository
+  gets a new number and a new id: that move is announced, not a stable key.
+
+Moves (:meth:`GitHub.moves`):
+
+- ``issues.transferred``: the issue's external id → the one it has in
+  ``changes.new_repository`` under ``changes.new_issue.number``;
+- ``repository.renamed`` and ``repository.transferred``: every external id of
+  the repository, issues and pull requests, as a prefix
+  (``gh-issue/<old full name>#``) → the same under the new full name. A
+  transfer that also renames says only the old owner, so the old full name
+  read is the old owner with the new name.
 """
 
 from __future__ import annotations
@@ -33,16 +59,20 @@ from models.providers.drafts import (
     TaskDraft,
     UnsupportedContentType,
     UnsupportedPayload,
+    bounded_key,
     draft_description,
     draft_title,
     event_header_value,
     header_text,
     lookup_header,
     media_type,
+    moved_name,
     not_handled,
     parse_json_object,
+    positive_id,
     unsupported_because_invalid,
 )
+from models.providers.names import Move, Name
 from models.providers.signing import HmacSignature, hmac_sha256_signature
 
 NAME = "github"
@@ -109,8 +139,19 @@ IGNORED_EVENTS: frozenset[str] = frozenset(
         "pull_request.review_request_removed",
         "pull_request.ready_for_review",
         "pull_request.converted_to_draft",
+        "repository.renamed",
+        "repository.transferred",
     }
 )
+
+#: The events that may announce a move (:meth:`GitHub.moves`); none creates a task.
+MOVE_EVENTS: frozenset[str] = frozenset(
+    {"issues.transferred", "repository.renamed", "repository.transferred"}
+)
+
+#: The kinds of item a repository holds, as external ids name them: a rename
+#: or a transfer of the repository moves every one of each.
+_ITEM_KINDS = ("gh-issue", "gh-pr")
 
 # owner and repository names never contain a slash or white space.
 _FULL_NAME = re.compile(r"[^/\s]+/[^/\s]+")
@@ -128,6 +169,9 @@ class Repository(_Payload):
     full_name: str | None = None
     owner: Owner | None = None
     name: str | None = None
+    #: Read as :func:`~models.providers.drafts.positive_id` reads it: an id
+    #: that is not one leaves the item without a stable key, not without a task.
+    id: Any = None
 
     @model_validator(mode="after")
     def _has_full_name(self) -> Repository:
@@ -147,11 +191,108 @@ class Issue(_Payload):
     html_url: HttpUrlText
 
 
+class Numbered(_Payload):
+    """An issue where only its number matters (the other side of a transfer)."""
+
+    number: int = Field(strict=True, gt=0)
+
+
+class OpenedByTransfer(_Payload):
+    """``changes`` of an ``issues.opened`` that a transfer caused: where it was."""
+
+    old_issue: Numbered
+    old_repository: Repository
+
+
 class IssuesEvent(_Payload):
     """An ``issues`` delivery (opened, reopened, ...)."""
 
     issue: Issue
     repository: Repository
+    #: Read only for a transfer's ``old_issue`` and ``old_repository``: what
+    #: else it holds never costs the create.
+    changes: Any = None
+
+    def moved_from(self) -> OpenedByTransfer | None:
+        """Where the issue was before the transfer this create announces, if one did."""
+        changes = self.changes if isinstance(self.changes, dict) else {}
+        if "old_issue" not in changes and "old_repository" not in changes:
+            return None
+        return OpenedByTransfer.model_validate(changes)
+
+
+class TransferredTo(_Payload):
+    """``changes`` of an ``issues.transferred``: where the issue went."""
+
+    new_issue: Numbered
+    new_repository: Repository
+
+
+class IssueTransferred(_Payload):
+    """An ``issues.transferred`` delivery, sent to the repository the issue left."""
+
+    issue: Numbered
+    repository: Repository
+    changes: TransferredTo
+
+
+class NameChange(_Payload):
+    #: A repository's name alone: no owner, no slash.
+    from_: str = Field(alias="from", pattern=r"^[^/\s]+$")
+
+
+class RepositoryNameChange(_Payload):
+    name: NameChange
+
+
+class RenamedChanges(_Payload):
+    repository: RepositoryNameChange
+
+
+class RepositoryRenamed(_Payload):
+    """A ``repository.renamed`` delivery: ``repository`` is as it is now."""
+
+    changes: RenamedChanges
+    repository: Repository
+
+    def old_full_name(self) -> str:
+        owner = self.repository.full_name.partition("/")[0]
+        return f"{owner}/{self.changes.repository.name.from_}"
+
+
+class PreviousOwner(_Payload):
+    """The account a repository was transferred from: a user or an organization."""
+
+    user: Owner | None = None
+    organization: Owner | None = None
+
+    @model_validator(mode="after")
+    def _names_one(self) -> PreviousOwner:
+        if self.user is None and self.organization is None:
+            raise ValueError("names neither a user nor an organization")
+        return self
+
+    def login(self) -> str:
+        return (self.organization or self.user).login
+
+
+class OwnerChange(_Payload):
+    from_: PreviousOwner = Field(alias="from")
+
+
+class TransferredChanges(_Payload):
+    owner: OwnerChange
+
+
+class RepositoryTransferred(_Payload):
+    """A ``repository.transferred`` delivery: ``repository`` is as it is now."""
+
+    changes: TransferredChanges
+    repository: Repository
+
+    def old_full_name(self) -> str:
+        name = self.repository.full_name.partition("/")[2]
+        return f"{self.changes.owner.from_.login()}/{name}"
 
 
 class PullRequest(_Payload):
@@ -185,6 +326,7 @@ class GitHub(Provider):
     default_create_events = DEFAULT_CREATE_EVENTS
     handled_events = HANDLED_EVENTS
     ignored_events = IGNORED_EVENTS
+    move_events = MOVE_EVENTS
     takes_site = False
     secret_help = "GitHub's webhook “Secret” field"
     setup_help = (
@@ -244,6 +386,24 @@ class GitHub(Provider):
         except ValidationError as error:
             raise unsupported_because_invalid(event, error) from error
 
+    def moves(
+        self, event: str, payload: dict[str, Any], site: str | None = None
+    ) -> tuple[Move, ...]:
+        """An issue transferred, or a repository renamed or transferred (see the
+        module docstring); ``()`` for anything else."""
+        if event not in MOVE_EVENTS:
+            return ()
+        try:
+            if event == "issues.transferred":
+                return (_transfer_move(IssueTransferred.model_validate(payload)),)
+            if event == "repository.renamed":
+                delivery = RepositoryRenamed.model_validate(payload)
+            else:
+                delivery = RepositoryTransferred.model_validate(payload)
+        except ValidationError as error:
+            raise unsupported_because_invalid(event, error) from error
+        return _repository_moves(delivery.old_full_name(), delivery.repository.full_name)
+
     def sample_headers(
         self,
         body: bytes,
@@ -287,6 +447,11 @@ def _form_payload_field(body: bytes) -> str:
 def _issue_draft(delivery: IssuesEvent) -> TaskDraft:
     full_name, issue = delivery.repository.full_name, delivery.issue
     remote_key = f"{full_name}#{issue.number}"
+    transfer = delivery.moved_from()
+    moved_from = ()
+    if transfer is not None:
+        old = f"gh-issue/{transfer.old_repository.full_name}#{transfer.old_issue.number}"
+        moved_from = (moved_name(old),)
     return TaskDraft(
         provider=NAME,
         title=draft_title(issue.title, fallback=remote_key),
@@ -294,6 +459,8 @@ def _issue_draft(delivery: IssuesEvent) -> TaskDraft:
         url=issue.html_url,
         remote_key=remote_key,
         external_id=f"gh-issue/{remote_key}",
+        stable_key=_stable_key("gh-issue", delivery.repository, issue.number),
+        moved_from=moved_from,
     )
 
 
@@ -307,4 +474,33 @@ def _pull_request_draft(delivery: PullRequestEvent) -> TaskDraft:
         url=pull_request.html_url,
         remote_key=remote_key,
         external_id=f"gh-pr/{remote_key}",
+        stable_key=_stable_key("gh-pr", delivery.repository, delivery.number),
+    )
+
+
+def _stable_key(kind: str, repository: Repository, number: int) -> str | None:
+    """``<kind>-in-repo:<repository.id>#<number>``; None without a repository id."""
+    repository_id = positive_id(repository.id)
+    if repository_id is None:
+        return None
+    return bounded_key(f"{kind}-in-repo:{repository_id}#{number}")
+
+
+def _transfer_move(delivery: IssueTransferred) -> Move:
+    before = f"gh-issue/{delivery.repository.full_name}#{delivery.issue.number}"
+    new = delivery.changes
+    after = f"gh-issue/{new.new_repository.full_name}#{new.new_issue.number}"
+    return Move(Name.external(moved_name(before)), Name.external(moved_name(after)))
+
+
+def _repository_moves(old_full_name: str, new_full_name: str) -> tuple[Move, ...]:
+    if old_full_name == new_full_name:
+        return ()  # nothing any external id says has changed
+    return tuple(
+        Move(
+            Name.external(moved_name(f"{kind}/{old_full_name}#")),
+            Name.external(moved_name(f"{kind}/{new_full_name}#")),
+            prefix=True,
+        )
+        for kind in _ITEM_KINDS
     )

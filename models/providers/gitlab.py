@@ -21,6 +21,21 @@ The event name is ``X-Gitlab-Event`` joined to the body's
 ``object_attributes.action`` with a dot (``Issue Hook.open``,
 ``Merge Request Hook.open``), or the header alone when the body has no action
 (``Push Hook``).
+
+Names (docs/contract.md §15, "Stable keys"):
+
+- external id: ``gl-issue/<project path>#<iid>``, ``gl-mr/<project path>!<iid>``;
+- stable key: ``gl-issue-id:<host>/<object_attributes.id>``,
+  ``gl-mr-id:<host>/<object_attributes.id>``: the item's id, global to the
+  instance (the ``iid`` counts per project), with the host of
+  ``object_attributes.url`` naming the instance. None without either.
+
+Moves (:meth:`GitLab.moves`): moving an issue to another project closes it
+with ``object_attributes.moved_to_id``, the global id of the issue it became,
+and opens that one in the other project. So an issue ``close`` or ``update``
+carrying ``moved_to_id`` moves the closed issue's external id to the stable
+key ``gl-issue-id:<host>/<moved_to_id>`` -- the one the new issue's own
+delivery names.
 """
 
 from __future__ import annotations
@@ -36,16 +51,22 @@ from models.providers.drafts import (
     HttpUrlText,
     TaskDraft,
     UnsupportedContentType,
+    UnsupportedPayload,
+    bounded_key,
     draft_description,
     draft_title,
     event_header_value,
     header_text,
     lookup_header,
     media_type,
+    moved_name,
     not_handled,
     parse_json_object,
+    positive_id,
     unsupported_because_invalid,
+    url_host,
 )
+from models.providers.names import Move, Name
 from models.providers.signing import SecretToken
 
 NAME = "gitlab"
@@ -85,6 +106,14 @@ HANDLED_EVENTS: frozenset[str] = DEFAULT_CREATE_EVENTS | {
     f"{CONFIDENTIAL_ISSUE_HOOK}.reopen",
     f"{MERGE_REQUEST_HOOK}.reopen",
 }
+
+#: The events that may announce a move (:meth:`GitLab.moves`): a moved issue is
+#: closed (``close``), or, where it was closed already, updated (``update``).
+MOVE_EVENTS: frozenset[str] = frozenset(
+    f"{hook}.{action}"
+    for hook in (ISSUE_HOOK, CONFIDENTIAL_ISSUE_HOOK)
+    for action in ("close", "update")
+)
 
 #: Known events that are stored but never become tasks (webhook_events.md).
 IGNORED_EVENTS: frozenset[str] = frozenset(
@@ -141,6 +170,22 @@ class Attributes(_Payload):
     title: str | None = None
     description: str | None = None
     url: HttpUrlText
+    #: Global to the instance; read as :func:`~models.providers.drafts.positive_id`
+    #: reads it, so an odd one costs the stable key, not the task.
+    id: Any = None
+
+
+class MovedTo(_Payload):
+    """``object_attributes`` of an issue update or close, for ``moved_to_id``
+    alone: null (or 0) unless the issue was moved."""
+
+    moved_to_id: int | None = Field(default=None, strict=True, ge=0)
+
+
+class MoveMarker(_Payload):
+    """An issue ``close`` or ``update``, for whether it says the issue moved."""
+
+    object_attributes: MovedTo
 
 
 class ObjectEvent(_Payload):
@@ -169,6 +214,7 @@ class GitLab(Provider):
     default_create_events = DEFAULT_CREATE_EVENTS
     handled_events = HANDLED_EVENTS
     ignored_events = IGNORED_EVENTS
+    move_events = MOVE_EVENTS
     takes_site = False
     secret_help = "GitLab's webhook “Secret token” field"
     setup_help = (
@@ -237,7 +283,30 @@ class GitLab(Provider):
             url=item.url,
             remote_key=remote_key,
             external_id=f"{kind}/{remote_key}",
+            stable_key=_stable_key(kind, item.url, item.id),
         )
+
+    def moves(
+        self, event: str, payload: dict[str, Any], site: str | None = None
+    ) -> tuple[Move, ...]:
+        """An issue moved to another project (see the module docstring); ``()``
+        for anything else. GitLab payloads carry their own URLs, so ``site``
+        plays no part."""
+        if event not in MOVE_EVENTS:
+            return ()
+        try:
+            moved_to_id = MoveMarker.model_validate(payload).object_attributes.moved_to_id
+            if not moved_to_id:
+                return ()  # most closes and updates: the rest of the body is not read
+            delivery = ObjectEvent.model_validate(payload)
+        except ValidationError as error:
+            raise unsupported_because_invalid(event, error) from error
+        item = delivery.object_attributes
+        after = _stable_key("gl-issue", item.url, moved_to_id)
+        if after is None:
+            raise UnsupportedPayload(f"{event} payload names no instance in object_attributes.url")
+        before = moved_name(f"gl-issue/{delivery.project.path_with_namespace}#{item.iid}")
+        return (Move(Name.external(before), Name.stable(after)),)
 
     def sample_headers(
         self,
@@ -263,3 +332,11 @@ class GitLab(Provider):
 
 
 GITLAB = GitLab()
+
+
+def _stable_key(kind: str, url: str, item_id: object) -> str | None:
+    """``<kind>-id:<host>/<id>``; None without a numeric id or a host."""
+    number, host = positive_id(item_id), url_host(url)
+    if number is None or host is None:
+        return None
+    return bounded_key(f"{kind}-id:{host}/{number}")

@@ -16,6 +16,20 @@ Provider documentation this module follows:
 
 The event name is the body's ``webhookEvent`` (``jira:issue_created``,
 ``comment_created``); Jira sends no event header.
+
+Names (docs/contract.md §15, "Stable keys"):
+
+- external id: ``jira:<issue key>`` (``jira:PROJ-12``);
+- stable key: ``jira-issue:<host of the site>/<issue.id>``
+  (``jira-issue:jira.example.com/10002``). ``issue.id`` stays when the issue
+  moves to another project and its key changes; the host is the configured
+  site's, else that of ``issue.self`` (as for links). None without a numeric
+  ``issue.id``.
+
+Moves (:meth:`Jira.moves`): a ``jira:issue_updated`` whose ``changelog.items``
+holds a ``Key`` item (``fromString`` ``TCP-2``, ``toString`` ``INDEV-130``: the
+issue moved to another project) moves ``jira:TCP-2`` to ``jira:INDEV-130``.
+Any other update announces nothing.
 """
 
 from __future__ import annotations
@@ -34,15 +48,20 @@ from models.providers.drafts import (
     TaskDraft,
     UnsupportedContentType,
     UnsupportedPayload,
+    bounded_key,
     draft_description,
     draft_title,
     header_text,
     lookup_header,
     media_type,
+    moved_name,
     not_handled,
     parse_json_object,
+    positive_id,
     unsupported_because_invalid,
+    url_host,
 )
+from models.providers.names import Move, Name
 from models.providers.signing import HmacSignature, hmac_sha256_signature
 
 NAME = "jira"
@@ -67,6 +86,13 @@ DEFAULT_CREATE_EVENTS: frozenset[str] = frozenset({"jira:issue_created"})
 
 #: What :meth:`Jira.to_draft` accepts.
 HANDLED_EVENTS: frozenset[str] = DEFAULT_CREATE_EVENTS
+
+#: The events that may announce a move (:meth:`Jira.moves`): an issue moved to
+#: another project changes its key in an update.
+MOVE_EVENTS: frozenset[str] = frozenset({"jira:issue_updated"})
+
+#: The changelog item of a key change (``fieldtype`` ``jira``: a system field).
+KEY_FIELD = "Key"
 
 #: Known events that are stored but never become tasks.
 IGNORED_EVENTS: frozenset[str] = frozenset(
@@ -110,6 +136,7 @@ IGNORED_EVENTS: frozenset[str] = frozenset(
 #: Issue keys are the project key (a letter, then letters, digits or "_"), a hyphen
 #: and the issue number. The key ends up in a URL path and in the external id.
 _ISSUE_KEY_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*-[0-9]+$"
+_ISSUE_KEY = re.compile(_ISSUE_KEY_PATTERN)
 
 #: Nesting deeper than this in an ADF description is not rendered (nothing real nests so far).
 _MAX_ADF_DEPTH = 64
@@ -132,6 +159,9 @@ class IssueFields(_Payload):
 
 class Issue(_Payload):
     key: str = Field(pattern=_ISSUE_KEY_PATTERN)
+    #: A number in a string; read as :func:`~models.providers.drafts.positive_id`
+    #: reads it, so an odd one costs the stable key, not the task.
+    id: Any = None
     #: ``issue.self``: a REST API URL, never a link for people. Only used to derive
     #: the site when none is configured.
     api_url: str | None = Field(default=None, alias="self")
@@ -142,6 +172,27 @@ class IssueEvent(_Payload):
     """A ``jira:issue_*`` delivery."""
 
     issue: Issue
+
+
+class ChangelogItem(_Payload):
+    field: str | None = None
+    fieldtype: str | None = None
+    from_string: str | None = Field(default=None, alias="fromString")
+    to_string: str | None = Field(default=None, alias="toString")
+
+    def is_key_change(self) -> bool:
+        # A custom field may be called "Key" too; its fieldtype says "custom".
+        return self.field == KEY_FIELD and self.fieldtype in (None, "jira")
+
+
+class Changelog(_Payload):
+    items: list[ChangelogItem] = Field(default_factory=list)
+
+
+class IssueUpdated(_Payload):
+    """A ``jira:issue_updated`` delivery: what changed is in ``changelog``."""
+
+    changelog: Changelog | None = None
 
 
 class Jira(Provider):
@@ -156,6 +207,7 @@ class Jira(Provider):
     default_create_events = DEFAULT_CREATE_EVENTS
     handled_events = HANDLED_EVENTS
     ignored_events = IGNORED_EVENTS
+    move_events = MOVE_EVENTS
     takes_site = True
     secret_help = "Jira's webhook secret"
     setup_help = (
@@ -222,7 +274,23 @@ class Jira(Provider):
             url=f"{base}/browse/{issue.key}",
             remote_key=issue.key,
             external_id=f"jira:{issue.key}",
+            stable_key=_stable_key(base, issue.id),
         )
+
+    def moves(
+        self, event: str, payload: dict[str, Any], site: str | None = None
+    ) -> tuple[Move, ...]:
+        """The key changes an issue update's changelog holds (see the module
+        docstring); ``()`` for any other update or event. ``site`` plays no
+        part: keys name no site."""
+        if event not in MOVE_EVENTS:
+            return ()
+        try:
+            changelog = IssueUpdated.model_validate(payload).changelog
+        except ValidationError as error:
+            raise unsupported_because_invalid(event, error) from error
+        items = changelog.items if changelog is not None else []
+        return tuple(_key_move(item) for item in items if item.is_key_change())
 
     def sent_at(self, payload: dict[str, Any]) -> float | None:
         """The body's ``timestamp`` (milliseconds since the epoch) as a Unix time;
@@ -258,6 +326,25 @@ class Jira(Provider):
 
 
 JIRA = Jira()
+
+
+def _stable_key(site: str, issue_id: object) -> str | None:
+    """``jira-issue:<host>/<issue.id>``; None without a numeric id or a host."""
+    number, host = positive_id(issue_id), url_host(site)
+    if number is None or host is None:
+        return None
+    return bounded_key(f"jira-issue:{host}/{number}")
+
+
+def _key_move(item: ChangelogItem) -> Move:
+    keys = (item.from_string, item.to_string)
+    if not all(isinstance(key, str) and _ISSUE_KEY.fullmatch(key) for key in keys):
+        raise UnsupportedPayload(
+            "jira:issue_updated payload has a Key change whose fromString and toString "
+            "are not both issue keys"
+        )
+    before, after = (moved_name(f"jira:{key}") for key in keys)
+    return Move(Name.external(before), Name.external(after))
 
 
 def _site_from_api_url(api_url: str | None) -> str:

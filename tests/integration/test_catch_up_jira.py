@@ -5,7 +5,9 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import select
@@ -14,6 +16,7 @@ from bench.fakes.jira_api import FakeJira
 from models.catchup import jira_settings, set_jira_access, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
+from models.providers.jira import JIRA
 from models.sources import add_source
 from models.tables import CatchUpRun, CatchUpSource, Delivery, Task, utcnow
 from tests.support.runs import run
@@ -190,3 +193,20 @@ def test_jira_access_is_checked_and_its_token_never_shown(store: Store, jira: Fa
                 set_jira_access(session=session, slug="acme-jira", token=API_TOKEN, **bad)
         with pytest.raises(InvalidSource, match="this access is for GitHub"):
             set_log_access(session=session, slug="acme-jira", target="orgs/acme", token="t")
+
+
+def test_a_search_names_each_issue_by_the_stable_key_its_webhook_does(store: Store, jira: FakeJira):
+    # issue.id stays when an issue moves to another project (docs/contract.md
+    # §15, "Stable keys"): a search after a move names the issue as before.
+    a_jira_source(store, jira)
+    created = jira.create_issue(summary="Issue 1")
+    webhook = {"webhookEvent": "jira:issue_created", "issue": created}
+    sent_by_jira = JIRA.to_draft("jira:issue_created", webhook, site=jira.base_url)
+
+    (pk,) = search(store, since=utcnow() - timedelta(hours=1)).recovered
+
+    with session_scope(store.sessions) as session:
+        row = session.get(Delivery, pk)
+        draft = JIRA.to_draft(row.event, json.loads(row.body), site=jira.base_url)
+    host = urlsplit(jira.base_url).netloc
+    assert draft.stable_key == sent_by_jira.stable_key == f"jira-issue:{host}/{created['id']}"

@@ -17,6 +17,7 @@ from models.access import Caller
 from models.catchup import set_app_access, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
+from models.providers.github import GITHUB
 from models.sources import add_source
 from models.tables import CatchUpRun, Delivery, Task, Workspace, utcnow
 from models.tasks import delete_task, release_external_id
@@ -299,6 +300,47 @@ def test_a_body_the_scan_synthesizes_is_what_the_worker_reads(store: Store, gith
         row = session.get(Delivery, pk)
         payload = json.loads(row.body)
         assert payload["action"] == "opened" and payload["repository"]["full_name"] == REPO
+        assert payload["repository"]["id"] == github.repository_id(REPO)
         task = session.scalars(select(Task)).one()
         assert task.title == "Widgets <b>break</b>" and task.description == "Steps: …"
         assert session.scalar(select(Workspace.id)) == task.workspace_id
+
+
+def stable_keys(store: Store, pks: list[int]) -> dict[str, str | None]:
+    """The external id and the stable key each stored delivery's draft names."""
+    with session_scope(store.sessions) as session:
+        rows = [session.get(Delivery, pk) for pk in pks]
+        drafts = [GITHUB.to_draft(row.event, json.loads(row.body)) for row in rows]
+    return {draft.external_id: draft.stable_key for draft in drafts}
+
+
+def test_a_scan_after_a_rename_names_each_item_by_the_stable_key_its_webhook_did(
+    store: Store, github: FakeGitHub
+):
+    a_github_source(store)
+    with_token(store, github)
+    issue = github.open_issue(REPO, title="Issue 1")
+    github.open_issue(REPO, title="Pull 2", pull_request=True)
+    repository_id = github.repository_id(REPO)
+    # What GitHub sent when the issue was opened, before the rename.
+    webhook = {
+        "action": "opened",
+        "issue": issue,
+        "repository": {"id": repository_id, "full_name": REPO},
+    }
+    sent_before = GITHUB.to_draft("issues.opened", webhook)
+
+    before = stable_keys(store, scan(store).recovered)
+    github.rename_repo(REPO, "acme/gadgets")
+    after = stable_keys(store, scan(store, repo="acme/gadgets").recovered)
+
+    assert before == {
+        f"gh-issue/{REPO}#1": sent_before.stable_key,
+        f"gh-pr/{REPO}#2": f"gh-pr-in-repo:{repository_id}#2",
+    }
+    assert sent_before.stable_key == f"gh-issue-in-repo:{repository_id}#1"
+    # New external ids (the ledger's to recognise), the very same stable keys.
+    assert after == {
+        "gh-issue/acme/gadgets#1": sent_before.stable_key,
+        "gh-pr/acme/gadgets#2": f"gh-pr-in-repo:{repository_id}#2",
+    }

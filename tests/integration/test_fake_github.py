@@ -742,6 +742,36 @@ def test_an_unknown_repository_is_a_404_and_names_ignore_case(github, client):
     assert client.post(ISSUES).status_code == 404  # creating issues is not modelled
 
 
+def test_a_repository_answers_its_id_and_keeps_it_when_renamed(github, client):
+    open_issues(github, 2)
+    repository = client.get("/repos/Acme/Widgets").json()
+    assert (repository["id"], repository["full_name"]) == (github.repository_id(REPO), REPO)
+    assert client.get("/repos/acme/unknown").status_code == 404
+    assert client.post(f"/repos/{REPO}").status_code == 404
+
+    github.rename_repo(REPO, "acme/gadgets")
+
+    renamed = client.get("/repos/acme/gadgets").json()
+    assert (renamed["id"], renamed["full_name"]) == (repository["id"], "acme/gadgets")
+    assert github.repository_id("acme/gadgets") == repository["id"]
+    assert client.get(f"/repos/{REPO}").status_code == 404  # GitHub would redirect
+    listed = client.get("/repos/acme/gadgets/issues").json()
+    assert sorted(issue["html_url"] for issue in listed) == [
+        "https://github.com/acme/gadgets/issues/1",
+        "https://github.com/acme/gadgets/issues/2",
+    ]
+    github.add_repo("acme/other")
+    with pytest.raises(ValueError, match="exists already"):
+        github.rename_repo("acme/gadgets", "acme/other")
+
+
+def test_repositories_have_ids_of_their_own(github):
+    github.add_repo(REPO)
+    github.add_repo("acme/other")
+
+    assert github.repository_id(REPO) != github.repository_id("acme/other")
+
+
 @pytest.mark.parametrize(
     ("authorization", "message"),
     [

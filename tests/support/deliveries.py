@@ -25,6 +25,7 @@ GITHUB_EVENT_OF = {
     "ping": "ping",
     "pull_request": "pull_request",
     "push": "push",
+    "repository": "repository",
 }
 
 #: The X-Gitlab-Event GitLab sends with each fixture (the action is in the body).

@@ -161,3 +161,37 @@ def test_an_app_not_installed_on_the_repository_says_so():
     )
     with app, pytest.raises(BadCredentials, match="not installed on acme/widgets"):
         app.token_for(REPO)
+
+
+# --- the repository's id ------------------------------------------------------
+
+
+def test_the_repository_id_is_read_from_the_repository_itself():
+    seen: list[httpx.Request] = []
+
+    def repository(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": 1296269, "full_name": REPO})
+
+    with listing(repository) as client:
+        assert client.repository_id(REPO) == 1296269
+    (request,) = seen
+    assert (request.method, request.url.path) == ("GET", f"/repos/{REPO}")
+
+
+@pytest.mark.parametrize("answer", [{}, {"id": "1296269"}, {"id": True}, {"id": 0}, [1296269]])
+def test_a_repository_without_an_id_is_an_unexpected_response(answer):
+    with (
+        listing(lambda request: httpx.Response(200, json=answer)) as client,
+        pytest.raises(UnexpectedResponse, match="names no repository id"),
+    ):
+        client.repository_id(REPO)
+
+
+def test_a_hidden_repository_has_no_id_to_read_and_the_token_never_shows():
+    def hidden(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"message": "Not Found"})
+
+    with listing(hidden) as client, pytest.raises(BadCredentials) as raised:
+        client.repository_id(REPO)
+    assert "acme/widgets" in str(raised.value) and TOKEN not in str(raised.value)

@@ -11,6 +11,10 @@ Provider documentation this module follows:
   so every item created since is in it; ``sort=created``, ``direction=desc``;
   page numbers in the ``Link`` header):
   https://docs.github.com/en/rest/issues/issues#list-repository-issues
+  Its items name their repository by URL only (``repository_url``), so the
+  repository's ``id`` -- which a synthesized delivery carries, as a webhook's
+  does, for the item's stable key (docs/contract.md §15, "Stable keys") --
+  comes from https://docs.github.com/en/rest/repos/repos#get-a-repository
 - A GitHub App reads a repository with an installation access token, which its
   JWT mints: https://docs.github.com/en/rest/apps/apps#get-a-repository-installation-for-the-authenticated-app
   and https://docs.github.com/en/rest/apps/apps#create-an-installation-access-token-for-an-app
@@ -47,6 +51,17 @@ class IssueListing(GitHubApi):
         "the token may not read this repository's issues (it needs read access to "
         "'Issues' and 'Pull requests', or repo on a classic token)"
     )
+
+    def repository_id(self, repo: str) -> int:
+        """Repository ``repo``'s (``OWNER/REPO``) numeric id, which survives its
+        renames and transfers."""
+        path = f"repos/{repo}"
+        response = self._call("GET", path, not_found=_repo_hidden(repo))
+        repository = self._json(response, f"GET {path}")
+        repository_id = repository.get("id") if isinstance(repository, dict) else None
+        if type(repository_id) is not int or repository_id <= 0:
+            raise UnexpectedResponse(f"GitHub's answer to GET {path} names no repository id")
+        return repository_id
 
     def created_since(self, repo: str, *, since: datetime) -> Iterator[ListedItem]:
         """Repository ``repo``'s (``OWNER/REPO``) items created at or after

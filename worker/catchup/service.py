@@ -219,11 +219,11 @@ def scan_github(
 
     def read(report: CatchUpReport) -> None:
         with open_listing(settings, repo) as listing:
+            repository_id = listing.repository_id(repo)
             items = list(listing.created_since(repo, since=report.since))
         report.attempts_listed = report.deliveries_listed = len(items)
-        _store_synthesized(
-            sessions, GITHUB, source, report, send, (_github_item(repo, item) for item in items)
-        )
+        synthesized = (_github_item(repo, repository_id, item) for item in items)
+        _store_synthesized(sessions, GITHUB, source, report, send, synthesized)
 
     return _run(sessions, report, read, covers=repo == settings.repo)
 
@@ -401,11 +401,12 @@ def _fetched(
     return _Found(attempt.guid, httpx.Headers(sent.headers), _json_body(sent.payload))
 
 
-def _github_item(repo: str, listed: ListedItem) -> tuple[str, str, _Found]:
+def _github_item(repo: str, repository_id: int, listed: ListedItem) -> tuple[str, str, _Found]:
     """The ``issues.opened`` or ``pull_request.opened`` GitHub would have sent
     for ``listed``: what to call it, the event, and the delivery (its id set
-    by the caller)."""
-    repository = {"full_name": repo, "name": repo.partition("/")[2]}
+    by the caller). The repository's ``id`` makes the item's stable key the
+    webhooks' own, whatever the repository was called when they were sent."""
+    repository = {"id": repository_id, "full_name": repo, "name": repo.partition("/")[2]}
     if listed.pull_request:
         name = "pull_request"
         payload = {"action": "opened", "number": listed.number, "pull_request": listed.item}

@@ -42,7 +42,27 @@ def test_a_gitlab_create_event_is_stored_queued_and_enqueued(ingress: Ingress, n
     wait_until(lambda: ingress.published == [row.id])
 
 
-@pytest.mark.parametrize("name", sorted(set(fixture_names("gitlab")) - set(CREATES)))
+#: Fixtures that announce a move: stored for the worker though they create nothing.
+MOVES = ["issue_hook__close_moved"]
+
+
+@pytest.mark.parametrize("name", MOVES)
+def test_a_gitlab_move_is_stored_queued_and_enqueued(ingress: Ingress, name):
+    response = ingress.gitlab(name)
+
+    assert response.status_code == 202
+    (row,) = ingress.deliveries()
+    assert response.json() == {"delivery": row.id, "status": "queued"}
+    assert (row.event, row.status, row.status_reason) == (
+        "Issue Hook.close",
+        "queued",
+        "announces a move",
+    )
+    assert (row.external_id, row.draft_title) == (None, None)
+    wait_until(lambda: ingress.published == [row.id])
+
+
+@pytest.mark.parametrize("name", sorted(set(fixture_names("gitlab")) - set(CREATES) - set(MOVES)))
 def test_other_gitlab_events_are_stored_as_ignored(ingress: Ingress, name):
     response = ingress.gitlab(name)
 

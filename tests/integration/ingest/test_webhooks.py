@@ -32,12 +32,21 @@ from tests.support.ingress import (
 )
 from tests.support.stores import Store
 
-GITHUB_CREATES = ["issues__opened", "issues__opened_with_organization", "pull_request__opened"]
+GITHUB_CREATES = [
+    "issues__opened",
+    "issues__opened_via_transfer",
+    "issues__opened_with_organization",
+    "pull_request__opened",
+]
 JIRA_CREATES = [
     "jira_issue_created__cloud",
     "jira_issue_created__cloud_many_fields",
     "jira_issue_created__server_trigger_plugin",
 ]
+#: Fixtures that announce a move: stored for the worker though they create nothing.
+#: (repository__renamed names the name it has now: no move, ignored.)
+GITHUB_MOVES = ["issues__transferred", "repository__transferred"]
+JIRA_MOVES = ["jira_issue_updated__cloud_issue_moved"]
 
 
 @pytest.mark.parametrize("name", GITHUB_CREATES)
@@ -83,7 +92,54 @@ def assert_keeps_the_draft(row: Delivery, *, site: str | None) -> None:
     assert row.external_id == draft.external_id
 
 
-@pytest.mark.parametrize("name", sorted(set(fixture_names("github")) - set(GITHUB_CREATES)))
+@pytest.mark.parametrize(
+    ("provider", "name"),
+    [("github", name) for name in GITHUB_MOVES] + [("jira", name) for name in JIRA_MOVES],
+)
+def test_a_delivery_that_announces_a_move_is_stored_queued_and_enqueued(
+    ingress: Ingress, provider, name
+):
+    response = ingress.send(provider, name)
+
+    assert response.status_code == 202
+    (row,) = ingress.deliveries()
+    assert response.json() == {"delivery": row.id, "status": "queued"}
+    assert (row.status, row.status_reason) == ("queued", "announces a move")
+    assert row.body == fixture(provider, name)
+    # It creates nothing: no identity or draft for the worker's claim.
+    assert (row.external_id, row.draft_title, row.draft_url) == (None, None, None)
+    wait_until(lambda: ingress.published == [row.id])
+
+
+def test_a_move_event_that_announces_none_is_stored_as_ignored(ingress: Ingress):
+    # octokit's recorded rename names the name the repository has now.
+    response = ingress.github("repository__renamed")
+
+    assert (response.status_code, response.json()) == (202, {"status": "ignored"})
+    (row,) = ingress.deliveries()
+    assert (row.event, row.status) == ("repository.renamed", "ignored")
+    assert row.status_reason == "repository.renamed does not create tasks for this source"
+    assert ingress.published == []
+
+
+def test_a_move_that_cannot_be_read_is_stored_as_ignored_saying_why(ingress: Ingress):
+    body = json.loads(fixture("github", "issues__transferred"))
+    del body["changes"]["new_repository"]
+
+    response = ingress.github("issues__transferred", body=json.dumps(body).encode())
+
+    assert (response.status_code, response.json()) == (202, {"status": "ignored"})
+    (row,) = ingress.deliveries()
+    assert row.status == "ignored"
+    assert row.status_reason.startswith("issues.transferred does not create tasks")
+    assert "the move it names cannot be read" in row.status_reason
+    assert "changes.new_repository" in row.status_reason
+    assert ingress.published == []
+
+
+@pytest.mark.parametrize(
+    "name", sorted(set(fixture_names("github")) - set(GITHUB_CREATES) - set(GITHUB_MOVES))
+)
 def test_other_github_events_are_stored_as_ignored(ingress: Ingress, name):
     response = ingress.github(name)
     assert (response.status_code, response.json()) == (202, {"status": "ignored"})
@@ -95,7 +151,9 @@ def test_other_github_events_are_stored_as_ignored(ingress: Ingress, name):
     assert ingress.published == []
 
 
-@pytest.mark.parametrize("name", sorted(set(fixture_names("jira")) - set(JIRA_CREATES)))
+@pytest.mark.parametrize(
+    "name", sorted(set(fixture_names("jira")) - set(JIRA_CREATES) - set(JIRA_MOVES))
+)
 def test_other_jira_events_are_stored_as_ignored(ingress: Ingress, name):
     response = ingress.jira(name)
     assert (response.status_code, response.json()) == (202, {"status": "ignored"})

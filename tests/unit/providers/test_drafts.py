@@ -18,12 +18,16 @@ from models.providers.drafts import (
     TRUNCATION_MARKER,
     TaskDraft,
     UnsupportedPayload,
+    bounded_key,
     draft_description,
     draft_title,
     header_text,
     lookup_header,
+    moved_name,
     parse_json_object,
+    positive_id,
     unsupported_because_invalid,
+    url_host,
 )
 from models.providers.github import GITHUB as github
 from models.providers.jira import JIRA as jira
@@ -313,3 +317,63 @@ def test_titles_and_descriptions_hold_only_storable_text(raw, stored):
     assert draft_title(raw, "PROJ-1") == stored
     assert draft_description(raw) == stored
     stored.encode("utf-8")  # would raise for a lone surrogate
+
+
+# --- the parts of a stable key and of a move -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("https://jira.example.com", "jira.example.com"),
+        ("https://Jira.Example.COM/jira/rest/api/2/issue/1", "jira.example.com"),
+        ("https://jira.example.com:443/", "jira.example.com"),
+        ("http://jira.example.com:80", "jira.example.com"),
+        ("http://jira.example.com:443", "jira.example.com:443"),
+        ("https://jira.example.com:8443", "jira.example.com:8443"),
+        ("https://user:secret@jira.example.com", "jira.example.com"),
+        ("http://[::1]:2990/jira", "[::1]:2990"),
+    ],
+)
+def test_url_host_is_the_host_and_any_port_but_the_default(url: str, host: str) -> None:
+    assert url_host(url) == host
+
+
+@pytest.mark.parametrize(
+    "url",
+    [None, 7, "", "jira.example.com", "ftp://jira.example.com", "https://", "https://h:port/"],
+)
+def test_url_host_of_what_is_no_http_url_is_none(url: object) -> None:
+    assert url_host(url) is None
+
+
+@pytest.mark.parametrize(("value", "number"), [(1, 1), (10002, 10002), ("10002", 10002)])
+def test_positive_id_takes_a_number_or_its_digits(value: object, number: int) -> None:
+    assert positive_id(value) == number
+
+
+@pytest.mark.parametrize(
+    "value", [None, 0, -1, True, False, 1.0, "", "0", "-1", "1e3", "١٢", "9" * 21, [1]]
+)
+def test_positive_id_of_anything_else_is_none(value: object) -> None:
+    assert positive_id(value) is None
+
+
+def test_bounded_key_keeps_what_an_external_id_could_be() -> None:
+    assert bounded_key("jira-issue:jira.example.com/10002") == "jira-issue:jira.example.com/10002"
+    assert bounded_key("k" * 255) == "k" * 255
+
+
+@pytest.mark.parametrize("key", ["k" * 256, "a\x00b", " padded", "line\n", ""])
+def test_bounded_key_of_what_no_external_id_could_be_is_none(key: str) -> None:
+    assert bounded_key(key) is None
+
+
+def test_moved_name_keeps_an_external_id_or_a_prefix() -> None:
+    assert moved_name("gh-issue/acme/widgets#") == "gh-issue/acme/widgets#"
+
+
+@pytest.mark.parametrize("name", ["jira:A-1\x7f", "x" * 256, " jira:A-1"])
+def test_moved_name_refuses_what_no_task_could_hold(name: str) -> None:
+    with pytest.raises(UnsupportedPayload, match="the move names"):
+        moved_name(name)

@@ -55,6 +55,7 @@ def test_issue_hook__open() -> None:
         url="http://example.com/diaspora/issues/23",
         remote_key="gitlabhq/gitlab-test#23",
         external_id="gl-issue/gitlabhq/gitlab-test#23",
+        stable_key="gl-issue-id:example.com/301",
     )
 
 
@@ -72,6 +73,7 @@ def test_merge_request_hook__open() -> None:
         url="http://example.com/diaspora/merge_requests/1",
         remote_key="gitlabhq/gitlab-test!1",
         external_id="gl-mr/gitlabhq/gitlab-test!1",
+        stable_key="gl-mr-id:example.com/99",
     )
 
 
@@ -79,6 +81,7 @@ def test_merge_request_hook__open() -> None:
     ("name", "event"),
     [
         ("issue_hook__close", "Issue Hook.close"),
+        ("issue_hook__close_moved", "Issue Hook.close"),
         ("issue_hook__update", "Issue Hook.update"),
         ("note_hook__issue_create", "Note Hook.create"),
         ("push_hook__two_commits", "Push Hook"),
@@ -292,3 +295,9 @@ def test_the_fixtures_are_the_documented_bodies() -> None:
         expected = copy.deepcopy(opened)
         del expected["object_attributes"]["action"], expected["object_attributes"]["state"]
         assert derived == expected
+    # The moved close differs from the close in moved_to_id only.
+    moved = json.loads(fixture_bytes("issue_hook__close_moved"))
+    assert moved["object_attributes"].pop("moved_to_id") == 302
+    closed = json.loads(fixture_bytes("issue_hook__close"))
+    assert closed["object_attributes"].pop("moved_to_id") is None
+    assert moved == closed
