@@ -203,7 +203,8 @@ def judge(rows: Sequence[Recalled], names: ItemNames, entrance: Entrance | None)
                 f"the delivery was received before that "
                 f"({row.changed_at:%Y-%m-%d %H:%M:%S} UTC); replay it to create anew",
             )
-    if any(row.name == Name.external(names.external_id) for row in rows):
+    created_under = Name.external(names.external_id)
+    if any(row.name == created_under and not row.is_alias for row in rows):
         return CREATE  # a new delivery after a delete or a release: a new task
     for row in rows:
         if row.state is IdentityState.DELETED:

@@ -104,9 +104,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("deliveries") as deliveries:
         deliveries.add_column(sa.Column("draft_stable_key", sa.Text(), nullable=True))
-        deliveries.add_column(
-            sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=True)
-        )
+        deliveries.add_column(sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=True))
     _backfill()
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from models.names import Move
 from models.providers.drafts import TaskDraft
-from models.providers.names import Move
 
 
 class Verifier(Protocol):
@@ -108,7 +108,7 @@ class Provider(Protocol):
     def moves(
         self, event: str, payload: dict[str, Any], site: str | None = None
     ) -> tuple[Move, ...]:
-        """The moves a delivery of ``event`` announces (models/providers/names.py):
+        """The moves a delivery of ``event`` announces (models/names.py):
         an item transferred, renamed or moved to another project, known by the
         names it had and has. ``()`` for an event not in :attr:`move_events`
         and for one that announces none (most updates). ``site`` is the

@@ -53,6 +53,7 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from models.names import Move, Name
 from models.providers.base import Provider, Verifier
 from models.providers.drafts import (
     HttpUrlText,
@@ -72,7 +73,6 @@ from models.providers.drafts import (
     positive_id,
     unsupported_because_invalid,
 )
-from models.providers.names import Move, Name
 from models.providers.signing import HmacSignature, hmac_sha256_signature
 
 NAME = "github"

@@ -46,6 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from models.names import Move, Name
 from models.providers.base import Provider, Verifier
 from models.providers.drafts import (
     HttpUrlText,
@@ -66,7 +67,6 @@ from models.providers.drafts import (
     unsupported_because_invalid,
     url_host,
 )
-from models.providers.names import Move, Name
 from models.providers.signing import SecretToken
 
 NAME = "gitlab"

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from models.names import Move, Name
 from models.providers.base import Provider, Verifier
 from models.providers.drafts import (
     TaskDraft,
@@ -61,7 +62,6 @@ from models.providers.drafts import (
     unsupported_because_invalid,
     url_host,
 )
-from models.providers.names import Move, Name
 from models.providers.signing import HmacSignature, hmac_sha256_signature
 
 NAME = "jira"

@@ -18,9 +18,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from models.access import Caller
+from models.db import transaction
 from models.errors import InvalidExternalId, InvalidTask, LeaseTakenOver, TaskNotFound
 from models.external_id import normalize_external_id
-from models.identities import Entrance
+from models.identities import Entrance, learn_move
 from models.inbox import DeliveryStatus, Lease, body_dropped_note, fence_create
 from models.providers import PROVIDERS
 from models.providers.drafts import TaskDraft, UnsupportedContentType, UnsupportedPayload
@@ -131,6 +132,8 @@ def create_on_the_general_path(attempt: Attempt, misses: LookupMisses) -> Proces
     # Checked here as well as at the ingress: the source's events may have
     # changed since the delivery was stored.
     if work.event not in work.create_events:
+        if work.event in PROVIDERS[work.provider].move_events and work.body_dropped is None:
+            return _learn_moves(attempt, work)
         reason = f"{work.event} does not create tasks for source {work.source_slug}"
         return attempt.finish(DeliveryStatus.IGNORED, reason=reason)
     if work.body_dropped is not None:
@@ -217,6 +220,25 @@ def create_on_the_general_path(attempt: Attempt, misses: LookupMisses) -> Proces
     return attempt.finish(
         DeliveryStatus.DONE, outcome=outcome.value, task_id=holder.id, reason=reason
     )
+
+
+def _learn_moves(attempt: Attempt, work: ClaimedDelivery) -> Processed:
+    """A delivery that announces moves and creates nothing: the identity
+    ledger learns each move (docs/contract.md §15, "Identities that move").
+    Learning a move twice changes nothing, so a crash before the record
+    costs nothing but the same work again."""
+    provider = PROVIDERS[work.provider]
+    try:
+        payload = provider.decode_body(work.content_type, work.body)
+        moves = provider.moves(work.event, payload, work.site_url)
+    except (UnsupportedPayload, UnsupportedContentType) as error:
+        return attempt.finish(DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
+    with transaction(attempt.session, "the moves a delivery announces"):
+        learned = [
+            learn_move(attempt.session, workspace_id=work.workspace_id, move=move) for move in moves
+        ]
+    reason = "announces a move: " + ("; ".join(learned) or "none it could read")
+    return attempt.finish(DeliveryStatus.IGNORED, reason=reason)
 
 
 def _finish_earlier_attempts_create(attempt: Attempt, task_id: int, new: NewTask) -> Processed:

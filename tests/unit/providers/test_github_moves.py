@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from models.external_id import normalize_external_id
+from models.names import Move, Name
 from models.providers.drafts import UnsupportedPayload
 from models.providers.github import GITHUB as github
-from models.providers.names import Move, Name
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "github"
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from models.names import Move, Name
 from models.providers.drafts import UnsupportedPayload
 from models.providers.jira import JIRA as jira
-from models.providers.names import Move, Name
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "jira"
 MOVED = "jira_issue_updated__cloud_issue_moved"
