@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql import Executable
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
+from models.names import NameKind
 from models.tables import Delivery, Identity, Task, WebhookSource, sql_constant, utcnow
 from models.tasks import InsertFence, NewTask
 
@@ -394,6 +395,8 @@ def _insert_statement(dialect: str):
         .where(
             Identity.source_id == values["source_id"],
             Identity.body_sha256 == values["body_sha256"],
+            # The external id a person reads, not the stable key beside it.
+            Identity.kind == sql_constant(NameKind.EXTERNAL.value),
             Identity.delivery_id != values["delivery_id"],
         )
         .scalar_subquery()

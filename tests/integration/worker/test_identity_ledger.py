@@ -59,7 +59,9 @@ def _release(store: Store, feed, task: Task) -> None:
 def _states(store: Store, feed) -> dict[str, str]:
     with store.sessions() as session:
         rows = session.execute(
-            select(Identity.name, Identity.state).where(Identity.workspace_id == feed.workspace_id)
+            select(Identity.name, Identity.state).where(
+                Identity.workspace_id == feed.workspace_id, Identity.kind == "external"
+            )
         ).all()
     return dict(rows)
 
