@@ -64,14 +64,13 @@ def crashed_create(store: Store, feed, name: str = "jira_issue_created__cloud") 
     return pk
 
 
-def a_create_deleted_before_it_settled(
-    store: Store, feed, name: str = "jira_issue_created__cloud"
-) -> tuple[int, int]:
-    """A delivery the worker parked as ``needs_operator`` because the task its
-    create inserted was deleted before that create settled: its worker died
-    after the insert, someone deleted the task over REST, and its next
-    attempt found it gone. The delivery's key and the deleted task's id."""
-    pk = crashed_create(store, feed, name)
+def deleted_before_it_settled(store: Store, pk: int) -> int:
+    """Have the worker park stored delivery ``pk`` as ``needs_operator``
+    because the task its create inserted was deleted before that create
+    settled: its worker dies after the insert, someone deletes the task over
+    REST, and its next attempt finds it gone. The deleted task's id."""
+    with pytest.raises(Crash):
+        run(store, pk, seams=Seams(after_insert=crash_after_insert))
     task_id = delivery(store.sessions, pk).created_task_id
     with session_scope(store.sessions) as session:
         delete_task(session=session, caller=TRUSTED, task_id=task_id)
@@ -79,7 +78,16 @@ def a_create_deleted_before_it_settled(
     parked = run(store, pk)
     assert parked.status is DeliveryStatus.NEEDS_OPERATOR, parked
     assert "deleted before its creation settled" in parked.reason
-    return pk, task_id
+    return task_id
+
+
+def a_create_deleted_before_it_settled(
+    store: Store, feed, name: str = "jira_issue_created__cloud"
+) -> tuple[int, int]:
+    """A delivery of fixture ``name`` parked by :func:`deleted_before_it_settled`:
+    its key and the deleted task's id."""
+    pk = store_fixture(store.sessions, feed, "jira", name)
+    return pk, deleted_before_it_settled(store, pk)
 
 
 def replay_delivery(store: Store, pk: int) -> None:
