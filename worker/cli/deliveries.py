@@ -186,11 +186,12 @@ def deliveries_replay(
 
     Shows first what replaying will do (the delivery, its status and reason,
     and whether the worker finds its task, finishes its create or creates a
-    new task), then asks. A replay that creates again a task someone deleted,
-    or runs a resent body (replay, mismatch), is refused without an answer
-    (--yes gives it); from a script (stdin not a terminal), any other replay
-    goes ahead without asking, as it always did. With --json the plan and the
-    question go to stderr.
+    new task), then asks "Replay it?" at a terminal. A replay that creates
+    again a task someone deleted, or runs a resent body (replay, mismatch),
+    asks even from a script, and is refused there without --yes; any other
+    replay from a script (stdin not a terminal) goes ahead without asking,
+    as it always did. --yes answers yes; --dry-run shows the plan and
+    changes nothing; with --json the plan and the question go to stderr.
     """
     with runtime.session() as session:
         shown = plan_replay(session=session, delivery_pk=delivery)
