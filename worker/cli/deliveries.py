@@ -418,13 +418,30 @@ def deliveries_replay_matching(
         send=send,
         named=recreate,
     )
+    # What it left out is still parked, and still matches: counted afresh.
+    with runtime.session() as session:
+        left = count_replayable(session=session, filter=found)
     if as_json:
-        emit_json({"dry_run": False, "operation": asdict(done), "not_sent": len(unsent)})
+        emit_json(
+            {
+                "dry_run": False,
+                "operation": asdict(done),
+                "not_sent": len(unsent),
+                "task_deleted": left.task_deleted,
+                "task_deleted_ids": left.task_deleted_ids,
+            }
+        )
         return
     click.echo(
         f"Operation {done.id} ({done.name}): {done.done} deliveries queued again and sent "
         "to the worker."
     )
+    if left.task_deleted:
+        click.echo(
+            f"Left out: {left.task_deleted} parked because their task was deleted before its "
+            "creation settled; name one to replay it (--recreate ID): "
+            + _listed(left.task_deleted_ids, left.task_deleted)
+        )
     if unsent:
         settings = runtime.settings
         within = settings.queued_grace_seconds + settings.sweep_interval_seconds

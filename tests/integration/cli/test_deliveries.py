@@ -221,6 +221,7 @@ def test_replay_matching_counts_apart_and_leaves_out_what_was_deleted_before_it_
     dry = taskhook(store, "deliveries", "replay-matching", "--dry-run")
     listed = as_json(taskhook(store, "deliveries", "replay-matching", "--dry-run", "--json"))
     ran = as_json(taskhook(store, "deliveries", "replay-matching", "--name", "fix", "--json"))
+    people = taskhook(store, "deliveries", "replay-matching", "--name", "again").stdout
 
     assert dry.stdout.splitlines() == [
         "Dry run: 1 deliveries would be queued again.",
@@ -235,6 +236,11 @@ def test_replay_matching_counts_apart_and_leaves_out_what_was_deleted_before_it_
     )
     assert celery.sent == [(PROCESS_DELIVERY, [dead], DELIVERIES_QUEUE)]
     assert (ran["operation"]["done"], ran["operation"]["criteria"]) == (1, {})
+    assert (ran["task_deleted"], ran["task_deleted_ids"]) == (1, [parked])
+    assert people.splitlines()[1] == (
+        "Left out: 1 parked because their task was deleted before its creation settled; name "
+        f"one to replay it (--recreate ID): {parked}."
+    )
     assert statuses(store, [parked, dead]) == ["needs_operator", "queued"]
 
 
