@@ -312,8 +312,8 @@ def selected_for_replay(
     ]
     body_kept = Delivery.body_dropped_at.is_(None)
     gone = created_task_gone()
-    listed = Delivery.id.in_(sorted(named))
     if named:
+        listed = Delivery.id.in_(sorted(named))
         found = set(session.scalars(select(Delivery.id).where(*matched, body_kept, gone, listed)))
         if missing := sorted(named - found):
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
@@ -512,9 +512,11 @@ def bulk_replay(
                     replay_delivery(
                         session=session,
                         delivery=delivery,
-                        reason=f"{reason}; named to create its deleted task again"
-                        if recreate
-                        else reason,
+                        reason=(
+                            f"{reason}; named to create its deleted task again"
+                            if recreate
+                            else reason
+                        ),
                         statuses=statuses,
                         # Deleted since the selection was read: not named, so
                         # the marker stays and the worker parks it again.
