@@ -757,29 +757,29 @@ def replay_delivery(
     delivery: Delivery,
     reason: str = "replayed by an operator",
     statuses: frozenset[DeliveryStatus] = REPLAYABLE,
+    recreate_deleted: bool = True,
 ) -> None:
     """Queue ``delivery`` again, as a replay does: the one per-row change of
     :func:`replay` and of a bulk replay (``models.operations``). Raises
     :class:`NotReplayable` when its body was dropped or its status is not one
-    of ``statuses``. The caller flushes and commits."""
-    if delivery.body_dropped_at is not None:
-        note = body_dropped_note(
-            received_at=delivery.received_at, dropped_at=delivery.body_dropped_at
-        )
-        raise NotReplayable(
-            f"delivery {delivery.id} cannot be replayed: {note}, only its record is kept"
-        )
-    if delivery.status not in statuses:
-        raise NotReplayable(
-            f"delivery {delivery.id} is {delivery.status}; {only_replayable(statuses)}"
-        )
+    of ``statuses``. With ``recreate_deleted`` (an operator named this
+    delivery), a task its create inserted that is gone is created again;
+    without, the worker finds it gone and parks the delivery again. The
+    caller flushes and commits."""
+    refusal = replay_refusal(delivery, statuses=statuses)
+    if refusal is not None:
+        raise NotReplayable(refusal)
     delivery.status = DeliveryStatus.QUEUED.value
     delivery.status_reason = reason
     # A fresh retry budget: an operator replays after fixing the cause; and
     # the attempts lost so far are forgiven with it.
     delivery.retries = 0
     delivery.answered_attempts = delivery.attempts
-    if delivery.created_task_id is not None and session.get(Task, delivery.created_task_id) is None:
+    if (
+        recreate_deleted
+        and delivery.created_task_id is not None
+        and session.get(Task, delivery.created_task_id) is None
+    ):
         # Its task was deleted before its creation settled, and the worker
         # parked it rather than create it again: replaying is the operator's
         # word that it should be created again.
@@ -792,6 +792,33 @@ def replay_delivery(
     # An operator's replay is the delivery received anew, by their decision:
     # the identity ledger judges it so (models.identities.Entrance).
     delivery.updated_at = delivery.replayed_at = utcnow()
+
+
+def replay_refusal(
+    delivery: Delivery, *, statuses: frozenset[DeliveryStatus] = REPLAYABLE
+) -> str | None:
+    """Why ``delivery`` cannot be replayed from ``statuses``; None when it can."""
+    if delivery.body_dropped_at is not None:
+        note = body_dropped_note(
+            received_at=delivery.received_at, dropped_at=delivery.body_dropped_at
+        )
+        return f"delivery {delivery.id} cannot be replayed: {note}, only its record is kept"
+    if delivery.status not in statuses:
+        return f"delivery {delivery.id} is {delivery.status}; {only_replayable(statuses)}"
+    return None
+
+
+def created_task_gone():
+    """The condition on deliveries whose own create inserted a task that is
+    gone: someone deleted it before that create settled, and the worker
+    parked the delivery rather than undo the delete (docs/contract.md, "14.
+    Fencing the create"). A replay of one creates the task again
+    (:func:`replay_delivery` clears the marker), so only a person who named
+    it should start one: a bulk replay leaves these out (``models.operations``)."""
+    return and_(
+        Delivery.created_task_id.is_not(None),
+        ~select(Task.id).where(Task.id == Delivery.created_task_id).exists(),
+    )
 
 
 def only_replayable(statuses: frozenset[DeliveryStatus]) -> str:

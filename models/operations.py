@@ -7,17 +7,23 @@ console's lists and ``taskhook deliveries list`` page through it
 first (:func:`count_replayable`, the dry run), then queues every replayable
 row again (:func:`bulk_replay`), recorded as an :class:`~models.tables.Operation`
 -- the operations history. Nothing else here writes.
+
+Both ask one question of the inbox, :func:`selected_for_replay`: a delivery
+whose task was deleted before its creation settled is left out unless the
+operator names it (a replay of one creates that task again), and every
+surface that replays in bulk gets that answer from here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 
-from sqlalchemy import false, func, or_, select, update
+from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql import ColumnElement
 
 from models.db import session_scope
 from models.errors import (
@@ -33,6 +39,7 @@ from models.inbox import (
     BULK_REPLAYABLE,
     KEY_ORDER_SLACK,
     DeliveryStatus,
+    created_task_gone,
     first_received_since,
     of_workspaces,
     only_replayable,
@@ -54,6 +61,10 @@ MAX_OPERATION_NAME_LENGTH = 200
 MAX_OPERATIONS_PAGE = 500
 #: The most rows one batch of a bulk replay changes in one transaction.
 MAX_BATCH = 5000
+#: The most deliveries an operator may name for a bulk replay to recreate
+#: their deleted task (one by one, each a decision), and the most of those
+#: left out that a dry run lists by id.
+MAX_NAMED = 500
 
 # ``webhook_sources.slug`` and ``deliveries.event`` hold no more.
 _MAX_SOURCE_LENGTH = 64
@@ -224,11 +235,16 @@ def _utc(value: object, name: str) -> datetime | None:
 class ReplayCount:
     """What a bulk replay of a filter would do now."""
 
-    #: Rows it would queue again.
+    #: Rows it would queue again (the named ones among them).
     replayable: int
     #: Matching needs_operator and dead rows whose body the retention policy
     #: dropped: only their record is kept, so they cannot be replayed.
     bodies_dropped: int
+    #: Matching rows whose task was deleted before its creation settled, not
+    #: named: left out, since replaying one creates that task again.
+    task_deleted: int = 0
+    #: Their ids, in key order (at most :data:`MAX_NAMED`): what to name.
+    task_deleted_ids: tuple[int, ...] = ()
 
 
 def bulk_statuses(filter: DeliveryFilter) -> frozenset[DeliveryStatus]:
@@ -246,18 +262,103 @@ def bulk_statuses(filter: DeliveryFilter) -> frozenset[DeliveryStatus]:
     return frozenset({status})
 
 
-def count_replayable(*, session: Session, filter: DeliveryFilter) -> ReplayCount:
-    """The dry run of :func:`bulk_replay`: how many rows it would queue again,
-    and how many it would skip because their body was dropped."""
+def checked_named(named: Iterable[object]) -> frozenset[int]:
+    """The deliveries an operator named to replay although their task was
+    deleted, as inbox ids; :class:`InvalidOperation` for anything else."""
+    ids: set[int] = set()
+    for value in named:
+        text = str(value).strip()
+        if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_ROW_ID):
+            raise InvalidOperation(f"{value!r} is not a delivery's id (an inbox id, 1 or more)")
+        ids.add(int(text))
+    if len(ids) > MAX_NAMED:
+        raise InvalidOperation(f"at most {MAX_NAMED} deliveries can be named (got {len(ids)})")
+    return frozenset(ids)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A bulk replay's conditions on ``deliveries``, in SQL."""
+
+    #: Rows in a status replayed in bulk that the filter matches.
+    matched: list
+    #: Of those, the ones it queues again: body kept; task not deleted
+    #: before its creation settled, or named.
+    replayed: ColumnElement[bool]
+    #: Of those, the ones it leaves out: body kept, task deleted before its
+    #: creation settled, not named.
+    left_out: ColumnElement[bool]
+
+
+def selected_for_replay(
+    *, session: Session, filter: DeliveryFilter, named: frozenset[int] = frozenset()
+) -> Selection:
+    """What a bulk replay of ``filter`` queues again: every needs_operator and
+    dead row it matches whose body is kept, except those whose task was
+    deleted before its creation settled -- their replay creates that task
+    again, and the runbook's "replay only if the task should exist" is a
+    decision per item -- unless ``named``. The one answer the dry run, the
+    run and every surface share.
+
+    Raises :class:`NotReplayable` for a filter on a status not replayed in
+    bulk, and when a named delivery is not one the filter leaves out that
+    way: a named id is a decision about one delivery, and a wrong one
+    (mistyped, or outside the filter) must not pass unnoticed.
+    """
     statuses = bulk_statuses(filter)
-    dropped = Delivery.body_dropped_at.is_not(None)
-    replayable, bodies_dropped = session.execute(
-        select(func.count().filter(~dropped), func.count().filter(dropped)).where(
-            Delivery.status.in_([status.value for status in statuses]),
-            *filter.conditions(session=session),
+    matched = [
+        Delivery.status.in_([status.value for status in statuses]),
+        *filter.conditions(session=session),
+    ]
+    body_kept = Delivery.body_dropped_at.is_(None)
+    gone = created_task_gone()
+    if named:
+        listed = Delivery.id.in_(sorted(named))
+        found = set(session.scalars(select(Delivery.id).where(*matched, body_kept, gone, listed)))
+        if missing := sorted(named - found):
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            raise NotReplayable(
+                "a named delivery must be one this replay leaves out because its task was "
+                f"deleted before its creation settled; not so: {shown}"
+            )
+        return Selection(
+            matched=matched,
+            replayed=and_(body_kept, or_(~gone, listed)),
+            left_out=and_(body_kept, gone, ~listed),
         )
+    return Selection(
+        matched=matched, replayed=and_(body_kept, ~gone), left_out=and_(body_kept, gone)
+    )
+
+
+def count_replayable(
+    *, session: Session, filter: DeliveryFilter, named: frozenset[int] = frozenset()
+) -> ReplayCount:
+    """The dry run of :func:`bulk_replay`: how many rows it would queue again,
+    how many it would skip because their body was dropped, and which it
+    would leave out because their task was deleted before its creation
+    settled (unless ``named``)."""
+    selection = selected_for_replay(session=session, filter=filter, named=named)
+    dropped = Delivery.body_dropped_at.is_not(None)
+    replayable, bodies_dropped, task_deleted = session.execute(
+        select(
+            func.count().filter(selection.replayed),
+            func.count().filter(dropped),
+            func.count().filter(selection.left_out),
+        ).where(*selection.matched)
     ).one()
-    return ReplayCount(replayable=replayable, bodies_dropped=bodies_dropped)
+    ids = session.scalars(
+        select(Delivery.id)
+        .where(*selection.matched, selection.left_out)
+        .order_by(Delivery.id)
+        .limit(MAX_NAMED)
+    ).all()
+    return ReplayCount(
+        replayable=replayable,
+        bodies_dropped=bodies_dropped,
+        task_deleted=task_deleted,
+        task_deleted_ids=tuple(ids),
+    )
 
 
 # --- the run and its history -----------------------------------------------------------
@@ -271,7 +372,8 @@ class OperationView:
     kind: str
     name: str
     operator: str
-    #: The filter's criteria (:meth:`DeliveryFilter.criteria`).
+    #: The filter's criteria (:meth:`DeliveryFilter.criteria`), and under
+    #: ``recreate`` the deliveries named to create their deleted task again.
     criteria: dict
     #: The dry run's count the operator saw, if one was given.
     expected: int | None
@@ -332,10 +434,14 @@ def bulk_replay(
     expected: int | None,
     send: Callable[[list[int]], None],
     batch: int = 500,
+    named: frozenset[int] = frozenset(),
 ) -> OperationView:
     """Queue every needs_operator and dead delivery ``filter`` matches again,
     as :func:`models.inbox.replay` does each one, and record it in the history
-    under ``name`` (required: the history is read by it).
+    under ``name`` (required: the history is read by it). What it takes is
+    :func:`selected_for_replay`'s answer: a delivery whose task was deleted
+    before its creation settled only when ``named`` (recorded with the
+    criteria as ``recreate``).
 
     The operation is committed before any row changes, so a run that dies is
     still on record. Then ``batch`` rows at a time, in key order: each batch
@@ -358,23 +464,23 @@ def bulk_replay(
     if not 1 <= batch <= MAX_BATCH:
         raise ValueError(f"batch must be between 1 and {MAX_BATCH}")
     statuses = bulk_statuses(filter)
+    named = checked_named(named)
 
     with session_scope(sessions) as session:
         # The rows that exist now are this run's; one stored later is not.
         last_key = session.scalar(select(func.max(Delivery.id))) or 0
         # Computed once: the time bounds' key search need not run per batch.
-        conditions = [
-            Delivery.status.in_([status.value for status in statuses]),
-            Delivery.body_dropped_at.is_(None),
-            Delivery.id <= last_key,
-            *filter.conditions(session=session),
-        ]
+        selection = selected_for_replay(session=session, filter=filter, named=named)
+        conditions = [*selection.matched, selection.replayed, Delivery.id <= last_key]
         matched = session.scalar(select(func.count()).where(*conditions)) or 0
+        criteria: dict[str, object] = dict(filter.criteria())
+        if named:
+            criteria["recreate"] = sorted(named)
         operation = Operation(
             kind=BULK_REPLAY,
             name=name,
             operator=operator,
-            criteria=filter.criteria(),
+            criteria=criteria,
             scope=None if filter.workspace_ids is None else sorted(filter.workspace_ids),
             expected=expected,
             matched=matched,
@@ -402,8 +508,19 @@ def bulk_replay(
                 if not rows:
                     break
                 for delivery in rows:
+                    recreate = delivery.id in named
                     replay_delivery(
-                        session=session, delivery=delivery, reason=reason, statuses=statuses
+                        session=session,
+                        delivery=delivery,
+                        reason=(
+                            f"{reason}; named to create its deleted task again"
+                            if recreate
+                            else reason
+                        ),
+                        statuses=statuses,
+                        # Deleted since the selection was read: not named, so
+                        # the marker stays and the worker parks it again.
+                        recreate_deleted=recreate,
                     )
                 keys = [delivery.id for delivery in rows]
                 cursor = keys[-1]

@@ -42,14 +42,16 @@ from ingest.runtime import IngressRuntime
 from models.console_sessions import SignedIn
 from models.db import session_scope
 from models.display import format_age, format_when
-from models.errors import TaskStoreError
+from models.errors import NotReplayable, TaskStoreError
 from models.inbox import BULK_REPLAYABLE, REPLAYABLE, DeliveryStatus, replay
 from models.operations import (
     DeliveryFilter,
     bulk_replay,
+    checked_named,
     count_replayable,
     list_operations,
 )
+from models.replay_plan import plan_replay
 from models.reports import (
     SourceSummary,
     WorkspaceSummary,
@@ -420,8 +422,13 @@ def delivery(request: Request, user: User, delivery_id: int) -> HTMLResponse:
                 external_id=detail.summary.external_id,
             )
             events = timeline(found)
+        try:
+            plan = plan_replay(session=session, delivery_pk=delivery_id)
+        except NotReplayable:
+            plan = None
         return {
             "detail": detail,
+            "plan": plan,
             "headers": redacted_headers(headers or {}),
             "body": _pretty(body or b""),
             "timeline": events,
@@ -504,6 +511,8 @@ async def replay_matching(request: Request, user: User) -> Response:
                 operator=user.principal.name,
                 expected=int(expected) if expected.isdigit() else None,
                 send=publish,
+                # Ticked one by one on the dry run's page: a task created again.
+                named=checked_named(form.getlist("recreate")),
             )
 
     await run_in_threadpool(work)

@@ -1,5 +1,7 @@
-"""The console's delivery filter, the bulk replay's dry run and run, and the
-operations history (``models.operations``), on both databases."""
+"""The console's delivery filter, the bulk replay's dry run and run (which
+leave out, unless named, a delivery whose task was deleted before its
+creation settled), and the operations history (``models.operations``), on
+both databases."""
 
 from __future__ import annotations
 
@@ -10,19 +12,23 @@ from sqlalchemy import func, select, update
 
 from models.db import session_scope
 from models.errors import InvalidFilter, InvalidOperation, NotReplayable, OperationNotFound
-from models.inbox import DeliveryStatus, IncomingDelivery, record_delivery
+from models.inbox import DeliveryStatus, IncomingDelivery, record_delivery, replay_delivery
 from models.operations import (
     BULK_REPLAY,
     MAX_SEARCH_LENGTH,
     DeliveryFilter,
     ReplayCount,
     bulk_replay,
+    checked_named,
     count_replayable,
     get_operation,
     list_operations,
 )
 from models.reports import list_deliveries
 from models.tables import Delivery, Operation, utcnow
+from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
+from tests.support.runs import a_create_deleted_before_it_settled
+from tests.support.runs import run as process
 from tests.support.scenarios import EXTERNAL_ID, a_source, create_by, settle_as
 from tests.support.stores import Store
 
@@ -453,3 +459,121 @@ def test_the_history_is_newest_first_and_an_unknown_operation_is_not_found(store
             with pytest.raises(OperationNotFound, match=f"operation {missing} not found"):
                 get_operation(session=session, operation_id=missing)
     assert (first.matched, first.done, second.expected) == (0, 0, 0)
+
+
+# --- a task deleted before its creation settled (docs/contract.md, "14. Fencing the create") --
+
+
+def a_dead_create(store: Store, feed) -> int:
+    """A GitHub create that died of database errors before its lookup: no task."""
+    pk = store_fixture(store.sessions, feed, "github", "issues__opened")
+    settle_as(store, pk, DeliveryStatus.DEAD, reason="database errors, 2 retries spent")
+    return pk
+
+
+def test_the_dry_run_counts_apart_a_delivery_whose_task_was_deleted_and_the_run_leaves_it_out(
+    store: Store,
+):
+    feed = make_feed(store.sessions)
+    parked, deleted = a_create_deleted_before_it_settled(store, feed)
+    dead = a_dead_create(store, feed)
+
+    with store.sessions() as session:
+        every = count_replayable(session=session, filter=DeliveryFilter())
+        parked_only = count_replayable(
+            session=session, filter=DeliveryFilter(status="needs_operator")
+        )
+    sent = Sent(store)
+    operation = run(store, DeliveryFilter(), sent, expected=every.replayable)
+
+    assert every == ReplayCount(
+        replayable=1, bodies_dropped=0, task_deleted=1, task_deleted_ids=(parked,)
+    )
+    assert parked_only == ReplayCount(
+        replayable=0, bodies_dropped=0, task_deleted=1, task_deleted_ids=(parked,)
+    )
+    assert sent.batches == [[dead]]
+    assert (status_of(store, parked), status_of(store, dead)) == ("needs_operator", "queued")
+    assert delivery(store.sessions, parked).created_task_id == deleted  # still marked
+    assert (operation.matched, operation.done) == (1, 1)
+    assert operation.criteria == {}
+    # The replayed one makes its task; the parked one made nothing.
+    process(store, dead)
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert task.external_id == "gh-issue/Codertocat/Hello-World#1"
+
+
+def test_a_named_delivery_whose_task_was_deleted_is_replayed_and_creates_it_again(store: Store):
+    feed = make_feed(store.sessions)
+    parked, _ = a_create_deleted_before_it_settled(store, feed)
+    dead = a_dead_create(store, feed)
+    named = frozenset({parked})
+
+    with store.sessions() as session:
+        counted = count_replayable(session=session, filter=DeliveryFilter(), named=named)
+    sent = Sent(store)
+    operation = run(store, DeliveryFilter(), sent, named=named, expected=counted.replayable)
+    again = process(store, parked)
+
+    assert counted == ReplayCount(replayable=2, bodies_dropped=0, task_deleted=0)
+    assert sent.batches == [[parked, dead]]
+    assert operation.criteria == {"recreate": [parked]}
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (again.status, again.outcome, task.identifier) == (
+        DeliveryStatus.DONE,
+        "created",
+        "ACME-2",  # ACME-1 was the deleted one
+    )
+    row = delivery(store.sessions, parked)
+    assert row.created_task_id == task.id
+    with store.sessions() as session:
+        reason = session.get(Delivery, dead).status_reason
+    assert "named to create its deleted task again" not in reason
+
+
+def test_a_named_delivery_must_be_one_the_replay_leaves_out(store: Store):
+    feed = make_feed(store.sessions)
+    parked, _ = a_create_deleted_before_it_settled(store, feed)
+    dead = a_dead_create(store, feed)
+    # Each named id is a decision about one delivery: one the replay would
+    # take anyway (mistyped?), no delivery at all, or one outside the filter
+    # is refused before anything changes.
+    wrong = [
+        (DeliveryFilter(), frozenset({dead, 999}), f"{dead}, 999"),
+        (DeliveryFilter(status="dead"), frozenset({parked}), str(parked)),
+    ]
+
+    for filter, named, listed in wrong:
+        with store.sessions() as session, pytest.raises(NotReplayable, match=f"not so: {listed}$"):
+            count_replayable(session=session, filter=filter, named=named)
+        with pytest.raises(NotReplayable, match="must be one this replay leaves out"):
+            run(store, filter, named=named)
+
+    assert (status_of(store, parked), status_of(store, dead)) == ("needs_operator", "dead")
+    assert store.scalar("SELECT count(*) FROM operations") == 0
+
+
+def test_a_replay_that_does_not_recreate_keeps_the_mark_and_the_worker_parks_it_again(
+    store: Store,
+):
+    # A task deleted between a bulk replay's selection and its row's change:
+    # not named, so the row keeps its mark and the worker parks it again.
+    feed = make_feed(store.sessions)
+    parked, deleted = a_create_deleted_before_it_settled(store, feed)
+
+    with session_scope(store.sessions) as session:
+        replay_delivery(
+            session=session, delivery=session.get(Delivery, parked), recreate_deleted=False
+        )
+    again = process(store, parked)
+
+    assert again.status is DeliveryStatus.NEEDS_OPERATOR
+    assert "deleted before its creation settled" in again.reason
+    assert delivery(store.sessions, parked).created_task_id == deleted
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+@pytest.mark.parametrize("named", [["0"], ["x"], ["12a"], [str(2**31)]])
+def test_a_named_id_that_is_no_delivery_id_is_refused(named):
+    with pytest.raises(InvalidOperation, match="is not a delivery's id"):
+        checked_named(named)

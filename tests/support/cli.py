@@ -76,6 +76,8 @@ def taskhook_process(store: Store, *args: str) -> subprocess.CompletedProcess[st
         [str(BIN / "taskhook"), *args],
         cwd=ROOT,
         env=process_env(store),
+        # An operator's script: nobody at a terminal answers a question.
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=120,

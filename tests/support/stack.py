@@ -342,6 +342,8 @@ def taskhook(database_url: str, broker_url: str, log, *args: str) -> subprocess.
         [sys.executable, "-m", "worker.cli", *args],
         cwd=ROOT,
         env=worker_environment(database_url, broker_url),
+        # An operator's script: nobody at a terminal answers a question.
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=120,

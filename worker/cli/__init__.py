@@ -12,7 +12,8 @@ command takes ``--json`` and prints one JSON document on stdout. Exit codes:
 - 1: refused or not found (unknown workspace, source or delivery, an invalid
   external id, a duplicate, a declined confirmation, an unreachable database
   or broker) -- one line on stderr, never a traceback;
-- 2: a usage error, as click reports it (a missing option, an unknown event);
+- 2: a usage error, as click reports it (a missing option, an unknown event,
+  a confirmation no one could answer without ``--yes``);
 - 3: ``release`` sent its request but no operator worker answered in time, so
   the outcome is unknown (the request may still run when a worker starts).
 
@@ -22,7 +23,8 @@ Secrets are printed exactly once -- when ``taskhook`` generates one -- and
 never listed.
 
 Layout: ``runtime`` (settings, engine, sessions, the Celery app hook; the
-errors and the root group's error translation), ``output`` (``--json``, tables, fields), and one
+errors and the root group's error translation), ``output`` (``--json``, tables, fields),
+``prompts`` (a confirmation, and what no answer means), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
 lookup, explain, release), ``deliveries`` (list, show, replay, replay-matching,
 stats), ``operations`` (the history of bulk replays),

@@ -12,6 +12,7 @@ import click
 from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY, message_groups, task_for
 from models.inbox import DeliveryStatus, replay
 from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
+from models.replay_plan import ReplayPlan, plan_replay
 from models.reports import (
     MAX_PAGE,
     DeliveryDetail,
@@ -39,7 +40,8 @@ from worker.cli.output import (
     print_table,
 )
 from worker.cli.params import DATABASE_ID, checked_by, operator_or_os_user
-from worker.cli.runtime import CommandRuntime, first_line, pass_runtime
+from worker.cli.prompts import confirmed, someone_can_answer
+from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 
 
 def _reason(delivery: DeliverySummary) -> str | None:
@@ -151,13 +153,66 @@ def deliveries_show(runtime: CommandRuntime, delivery: int, as_json: bool) -> No
         print_fields([(f"  {name}", value) for name, value in detail.headers.items()])
 
 
+def _print_plan(plan: ReplayPlan, *, err: bool) -> None:
+    click.echo(
+        f"Replay delivery {plan.delivery} ({plan.provider} id {plan.delivery_id}, {plan.event}, "
+        f"workspace {plan.workspace}):",
+        err=err,
+    )
+    print_fields(
+        [
+            ("status", plan.status),
+            ("reason", plan.reason),
+            ("external id", plan.external_id),
+            ("replaying", plan.will),
+        ],
+        err=err,
+    )
+    if plan.warning is not None:
+        click.echo(f"WARNING: {plan.warning}.", err=err)
+
+
 @deliveries.command("replay")
 @click.argument("delivery", type=DATABASE_ID, metavar="ID")
+@click.option("--dry-run", is_flag=True, help="Show what replaying would do; change nothing.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @pass_runtime
-def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> None:
-    """Send a needs_operator or dead delivery ID through the worker again."""
+def deliveries_replay(
+    runtime: CommandRuntime, delivery: int, dry_run: bool, yes: bool, as_json: bool
+) -> None:
+    """Send a needs_operator, dead, replay or mismatch delivery ID through the
+    worker again.
+
+    Shows first what replaying will do (the delivery, its status and reason,
+    and whether the worker finds its task, finishes its create or creates a
+    new task), then asks "Replay it?" at a terminal. A replay that creates
+    again a task someone deleted, or runs a resent body (replay, mismatch),
+    asks even from a script, and is refused there without --yes; any other
+    replay from a script (stdin not a terminal) goes ahead without asking,
+    as it always did. --yes answers yes; --dry-run shows the plan and
+    changes nothing; with --json the plan and the question go to stderr.
+    """
     with runtime.session() as session:
+        shown = plan_replay(session=session, delivery_pk=delivery)
+    if dry_run:
+        if as_json:
+            emit_json({"dry_run": True, "plan": _plan_json(shown)})
+            return
+        _print_plan(shown, err=False)
+        click.echo(f"Dry run: nothing changed. To replay it: taskhook deliveries replay {delivery}")
+        return
+    _print_plan(shown, err=as_json)
+    if not yes and (shown.needs_consent or someone_can_answer()):
+        confirmed("Replay it?", err=as_json, action="replay")
+    with runtime.session() as session:
+        # What was shown is what is done: a delivery whose task changed
+        # meanwhile (found, deleted, replayed by someone else) is looked at again.
+        if plan_replay(session=session, delivery_pk=delivery) != shown:
+            raise Refused(
+                f"delivery {delivery} changed since its plan was shown; nothing was replayed: "
+                f"look again (taskhook deliveries replay {delivery} --dry-run)"
+            )
         replay(session=session, delivery_pk=delivery)
     # Committed: only now may a worker see the message (store, commit, then enqueue).
     try:
@@ -169,7 +224,14 @@ def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> 
         enqueued, problem = False, first_line(error)
     if as_json:
         emit_json(
-            {"delivery": delivery, "status": "queued", "enqueued": enqueued, "error": problem}
+            {
+                "dry_run": False,
+                "delivery": delivery,
+                "status": "queued",
+                "enqueued": enqueued,
+                "error": problem,
+                "plan": _plan_json(shown),
+            }
         )
         return
     if enqueued:
@@ -182,6 +244,10 @@ def deliveries_replay(runtime: CommandRuntime, delivery: int, as_json: bool) -> 
             f"Delivery {delivery} is queued again, but the broker did not take the message "
             f"({problem}); the sweeper sends it within about {within:g}s once the broker is back."
         )
+
+
+def _plan_json(plan: ReplayPlan) -> dict[str, object]:
+    return asdict(plan) | {"needs_consent": plan.needs_consent}
 
 
 class UtcTime(click.ParamType):
@@ -216,6 +282,17 @@ class UtcTime(click.ParamType):
 @click.option(
     "--search", default=None, help="A delivery id, an external id, or an inbox id to match."
 )
+@click.option(
+    "--recreate",
+    "named",
+    type=DATABASE_ID,
+    multiple=True,
+    metavar="ID",
+    help=(
+        "Replay delivery ID too, although its task was deleted before its creation settled: "
+        "its task is created again. Left out otherwise; the dry run lists them. Repeatable."
+    ),
+)
 @click.option("--dry-run", is_flag=True, help="Count what would be replayed; change nothing.")
 @click.option(
     "--name",
@@ -245,6 +322,7 @@ def deliveries_replay_matching(
     since: datetime | None,
     until: datetime | None,
     search: str | None,
+    named: tuple[int, ...],
     dry_run: bool,
     name: str | None,
     expect: int | None,
@@ -254,7 +332,12 @@ def deliveries_replay_matching(
     """Send every needs_operator and dead delivery that matches through the
     worker again, as `replay` does one: after fixing a cause many deliveries
     failed of. Run it with --dry-run first; the run is kept in the operations
-    history (taskhook operations list) under its --name."""
+    history (taskhook operations list) under its --name.
+
+    A delivery whose task was deleted before its creation settled is left
+    out: replaying it creates that task again, which is a decision about the
+    one item. The dry run counts and lists them apart; name each one that
+    should exist again with --recreate ID (or replay it on its own)."""
     if name is None and not dry_run:
         raise click.UsageError(
             "--name is required to run a bulk replay (the operations history lists it by "
@@ -270,21 +353,41 @@ def deliveries_replay_matching(
         received_until=until,
         search=search,
     )
+    recreate = frozenset(named)
     if dry_run:
         with runtime.session() as session:
-            count = count_replayable(session=session, filter=found)
+            count = count_replayable(session=session, filter=found, named=recreate)
         if as_json:
-            emit_json({"dry_run": True, "criteria": found.criteria(), **asdict(count)})
+            emit_json(
+                {
+                    "dry_run": True,
+                    "criteria": found.criteria(),
+                    "recreate": sorted(recreate),
+                    **asdict(count),
+                }
+            )
             return
         click.echo(f"Dry run: {count.replayable} deliveries would be queued again.")
+        if recreate:
+            click.echo(
+                f"Among them, {len(recreate)} named with --recreate: their task, deleted before "
+                "its creation settled, is created again."
+            )
         if count.bodies_dropped:
             click.echo(
                 f"{count.bodies_dropped} more match, but their bodies were dropped by the "
                 "retention policy: they cannot be replayed."
             )
-        if count.replayable:
+        if count.task_deleted:
             click.echo(
-                f"To run it: the same options, without --dry-run, with --name NAME "
+                f"{count.task_deleted} parked because their task was deleted before its creation "
+                "settled: left out; name them to replay (--recreate ID each; replaying creates "
+                "the task again): " + _listed(count.task_deleted_ids, count.task_deleted)
+            )
+        if count.replayable:
+            again = "".join(f" --recreate {pk}" for pk in sorted(recreate))
+            click.echo(
+                f"To run it: the same options{again}, without --dry-run, with --name NAME "
                 f"--expect {count.replayable}."
             )
         return
@@ -313,14 +416,32 @@ def deliveries_replay_matching(
         operator=operator,
         expected=expect,
         send=send,
+        named=recreate,
     )
+    # What it left out is still parked, and still matches: counted afresh.
+    with runtime.session() as session:
+        left = count_replayable(session=session, filter=found)
     if as_json:
-        emit_json({"dry_run": False, "operation": asdict(done), "not_sent": len(unsent)})
+        emit_json(
+            {
+                "dry_run": False,
+                "operation": asdict(done),
+                "not_sent": len(unsent),
+                "task_deleted": left.task_deleted,
+                "task_deleted_ids": left.task_deleted_ids,
+            }
+        )
         return
     click.echo(
         f"Operation {done.id} ({done.name}): {done.done} deliveries queued again and sent "
         "to the worker."
     )
+    if left.task_deleted:
+        click.echo(
+            f"Left out: {left.task_deleted} parked because their task was deleted before its "
+            "creation settled; name one to replay it (--recreate ID): "
+            + _listed(left.task_deleted_ids, left.task_deleted)
+        )
     if unsent:
         settings = runtime.settings
         within = settings.queued_grace_seconds + settings.sweep_interval_seconds
@@ -329,6 +450,12 @@ def deliveries_replay_matching(
             f"about {within:g}s once the broker is back."
         )
     click.echo("History: taskhook operations list")
+
+
+def _listed(ids: Sequence[int], total: int) -> str:
+    """``41, 57`` -- and how many more, when the dry run listed fewer than there are."""
+    more = f" and {total - len(ids)} more" if total > len(ids) else ""
+    return ", ".join(map(str, ids)) + more + "."
 
 
 def _body(detail: DeliveryDetail) -> str:

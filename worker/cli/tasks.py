@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import re
 import shlex
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from worker.cli import runtime as cli_runtime
 from worker.cli.deliveries import print_deliveries
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
 from worker.cli.params import checked_by, operator_or_os_user
+from worker.cli.prompts import confirmed
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
@@ -291,22 +291,6 @@ _reason = functools.partial(
 )
 
 
-def _confirmed(question: str, *, err: bool) -> None:
-    """Ask ``question``; a no aborts. Without a terminal, the end of input
-    means the caller forgot ``--yes``, and the error says so."""
-    try:
-        answer = click.confirm(question, err=err)
-    except click.Abort:  # the end of input, or Ctrl-C
-        if sys.stdin.isatty():
-            raise
-        raise click.UsageError(
-            f"{question!r} got no answer (stdin is not a terminal): "
-            "pass --yes to release without asking"
-        ) from None
-    if not answer:
-        raise click.Abort()
-
-
 @click.command("release")
 @workspace_option
 @click.argument("external_id")
@@ -357,7 +341,7 @@ def release(
     print_fields(_release_preview(found, holder), err=as_json)
     click.echo(_release_warning(found, holder), err=as_json)
     if not yes:
-        _confirmed("Release it?", err=as_json)
+        confirmed("Release it?", err=as_json, action="release")
 
     # The holder shown travels with the request: the operator worker releases
     # it only if it still holds the identity (docs/contract.md, "Release").

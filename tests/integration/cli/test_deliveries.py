@@ -3,13 +3,31 @@ operations history and ``taskhook stats``."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import pty
+import re
+import subprocess
 
 import pytest
 
 from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
-from models.inbox import DeliveryStatus
-from tests.support.cli import as_json, refused, taskhook, usage_error
+from models.db import session_scope
+from models.inbox import DeliveryStatus, IncomingDelivery, record_delivery
+from models.tables import Delivery
+from models.tasks import NewTask, create_task
+from tests.support.cli import (
+    BIN,
+    ROOT,
+    as_json,
+    process_env,
+    refused,
+    taskhook,
+    usage_error,
+)
+from tests.support.feeds import make_feed, store_fixture
+from tests.support.runs import a_create_deleted_before_it_settled, run
 from tests.support.scenarios import (
     EXTERNAL_ID,
     a_delivery,
@@ -18,7 +36,7 @@ from tests.support.scenarios import (
     an_unfinished_create,
     settle_as,
 )
-from tests.support.stores import Store
+from tests.support.stores import TRUSTED, Store
 
 
 def test_deliveries_list_filters_and_pages(store: Store):
@@ -111,6 +129,7 @@ def test_deliveries_show_names_the_external_id_of_its_task(store: Store):
     [
         ("deliveries", "show", "{id}"),
         ("deliveries", "replay", "{id}"),
+        ("deliveries", "replay-matching", "--recreate", "{id}", "--dry-run"),
         ("deliveries", "list", "--before", "{id}"),
         ("token", "revoke", "{id}"),
     ],
@@ -145,6 +164,12 @@ def test_replay_commits_then_sends_the_delivery_to_the_worker(store: Store, cele
     assert result.exit_code == 0
     assert celery.sent == [(PROCESS_DELIVERY, [parked], DELIVERIES_QUEUE)]
     assert seen_at_send == ["queued"]
+    # From a script, a replay that undoes nothing goes ahead without asking,
+    # as it always did; it still says what it does.
+    assert f"  replaying    {EXTERNAL_ID!r} is held by ACME-1, whose create has not settled" in (
+        result.stdout
+    )
+    assert "Replay it?" not in result.output
 
 
 def test_replay_refuses_a_delivery_that_is_not_parked_or_dead(store: Store, celery):
@@ -172,6 +197,257 @@ def test_replay_with_the_broker_down_leaves_the_sweeper_to_send_it(store: Store,
         as_json(result).items() >= {"delivery": dead, "status": "queued", "enqueued": False}.items()
     )
     assert store.scalar("SELECT status FROM deliveries WHERE id = :p", p=dead) == "queued"
+
+
+# --- a task deleted before its creation settled ------------------------------------
+
+
+def parked_after_a_delete(store: Store) -> tuple[int, int, int]:
+    """Jira's TES-41: its create was parked after its task was deleted before
+    it settled; and a GitHub create that died of database errors. The
+    parked delivery, its deleted task's id and the dead delivery."""
+    feed = make_feed(store.sessions)
+    parked, deleted = a_create_deleted_before_it_settled(store, feed)
+    dead = store_fixture(store.sessions, feed, "github", "issues__opened")
+    settle_as(store, dead, DeliveryStatus.DEAD, reason="database errors, 2 retries spent")
+    return parked, deleted, dead
+
+
+def test_replay_matching_counts_apart_and_leaves_out_what_was_deleted_before_it_settled(
+    store: Store, celery
+):
+    parked, _, dead = parked_after_a_delete(store)
+
+    dry = taskhook(store, "deliveries", "replay-matching", "--dry-run")
+    listed = as_json(taskhook(store, "deliveries", "replay-matching", "--dry-run", "--json"))
+    ran = as_json(taskhook(store, "deliveries", "replay-matching", "--name", "fix", "--json"))
+    people = taskhook(store, "deliveries", "replay-matching", "--name", "again").stdout
+
+    assert dry.stdout.splitlines() == [
+        "Dry run: 1 deliveries would be queued again.",
+        "1 parked because their task was deleted before its creation settled: left out; name "
+        f"them to replay (--recreate ID each; replaying creates the task again): {parked}.",
+        "To run it: the same options, without --dry-run, with --name NAME --expect 1.",
+    ]
+    assert (listed["replayable"], listed["task_deleted"], listed["task_deleted_ids"]) == (
+        1,
+        1,
+        [parked],
+    )
+    assert celery.sent == [(PROCESS_DELIVERY, [dead], DELIVERIES_QUEUE)]
+    assert (ran["operation"]["done"], ran["operation"]["criteria"]) == (1, {})
+    assert (ran["task_deleted"], ran["task_deleted_ids"]) == (1, [parked])
+    assert people.splitlines()[1] == (
+        "Left out: 1 parked because their task was deleted before its creation settled; name "
+        f"one to replay it (--recreate ID): {parked}."
+    )
+    assert statuses(store, [parked, dead]) == ["needs_operator", "queued"]
+
+
+def test_replay_matching_replays_a_named_one_and_creates_its_task_again(store: Store, celery):
+    parked, deleted, dead = parked_after_a_delete(store)
+    named = ("--recreate", str(parked))
+
+    dry = taskhook(store, "deliveries", "replay-matching", *named, "--dry-run")
+    ran = as_json(
+        taskhook(store, "deliveries", "replay-matching", *named, "--name", "TES-41", "--json")
+    )
+    history = taskhook(store, "operations", "list").stdout
+    again = run(store, parked)
+
+    assert dry.stdout.splitlines() == [
+        "Dry run: 2 deliveries would be queued again.",
+        "Among them, 1 named with --recreate: their task, deleted before its creation settled, "
+        "is created again.",
+        f"To run it: the same options --recreate {parked}, without --dry-run, with --name NAME "
+        "--expect 2.",
+    ]
+    assert celery.sent == [(PROCESS_DELIVERIES, [[parked, dead]], DELIVERIES_QUEUE)]
+    assert ran["operation"]["criteria"] == {"recreate": [parked]}
+    assert f"recreate=[{parked}]" in history
+    assert (again.status, again.outcome) == (DeliveryStatus.DONE, "created")
+    assert again.task_id != deleted
+
+
+def test_replay_matching_refuses_a_named_delivery_it_would_not_leave_out(store: Store, celery):
+    parked, _, dead = parked_after_a_delete(store)
+
+    line = refused(
+        taskhook(store, "deliveries", "replay-matching", "--recreate", str(dead), "--name", "x")
+    )
+    outside = refused(
+        taskhook(
+            store,
+            "deliveries",
+            "replay-matching",
+            "--status",
+            "dead",
+            "--recreate",
+            str(parked),
+            "--dry-run",
+        )
+    )
+
+    assert line == (
+        "Error: a named delivery must be one this replay leaves out because its task was "
+        f"deleted before its creation settled; not so: {dead}"
+    )
+    assert outside.endswith(f"not so: {parked}")
+    assert celery.sent == []
+    assert statuses(store, [parked, dead]) == ["needs_operator", "dead"]
+    assert store.scalar("SELECT count(*) FROM operations") == 0
+
+
+def test_replay_shows_its_plan_and_asks_before_creating_a_deleted_task_again(store: Store, celery):
+    parked, deleted, _ = parked_after_a_delete(store)
+    command = ("deliveries", "replay", str(parked))
+
+    unanswered = taskhook(store, *command)
+    declined = taskhook(store, *command, input="n\n")
+    planned = as_json(taskhook(store, *command, "--dry-run", "--json"))
+    assert statuses(store, [parked]) == ["needs_operator"] and celery.sent == []
+    accepted = taskhook(store, *command, input="y\n")
+
+    assert "pass --yes to replay without asking" in usage_error(unanswered)
+    assert declined.exit_code == 1 and "Aborted!" in declined.stderr
+    lines = accepted.stdout.splitlines()
+    assert lines[0] == (
+        f"Replay delivery {parked} (jira id {planned['plan']['delivery_id']}, "
+        "jira:issue_created, workspace acme):"
+    )
+    assert lines[1] == "  status       needs_operator"
+    assert lines[2].startswith("  reason       the task for 'jira:TES-41' was deleted before its")
+    assert lines[3] == "  external id  jira:TES-41"
+    assert re.fullmatch(
+        f"  replaying    its task \\(id {deleted}\\) was deleted on [0-9: -]+ UTC before its "
+        "creation settled: replaying creates a new task for 'jira:TES-41'",
+        lines[4],
+    )
+    assert lines[5] == ("WARNING: someone deleted that task: replay only if the task should exist.")
+    assert lines[6].startswith("Replay it? [y/N]: ")
+    assert celery.sent == [(PROCESS_DELIVERY, [parked], DELIVERIES_QUEUE)]
+    assert planned["plan"]["needs_consent"] is True
+    assert planned["plan"]["will"] == lines[4].removeprefix("  replaying    ")
+    assert run(store, parked).outcome == "created"
+
+
+def test_replay_with_yes_asks_nothing_and_json_keeps_the_plan_off_stdout(store: Store, celery):
+    parked, _, _ = parked_after_a_delete(store)
+
+    result = taskhook(store, "deliveries", "replay", str(parked), "--yes", "--json")
+
+    document = as_json(result)
+    assert document["plan"]["status"] == "needs_operator" and document["enqueued"] is True
+    assert "WARNING: someone deleted that task" in result.stderr
+    assert "Replay it?" not in result.output
+    assert statuses(store, [parked]) == ["queued"]
+
+
+def test_replay_dry_run_changes_nothing(store: Store, celery):
+    _, _, _, parked = an_unfinished_create(store)
+
+    result = taskhook(store, "deliveries", "replay", str(parked), "--dry-run")
+
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[-1] == (
+        f"Dry run: nothing changed. To replay it: taskhook deliveries replay {parked}"
+    )
+    assert statuses(store, [parked]) == ["needs_operator"] and celery.sent == []
+    assert refused(taskhook(store, "deliveries", "replay", "999", "--dry-run")) == (
+        "Error: delivery 999 not found"
+    )
+
+
+def stored_as_replay(store: Store, source_id: int, first: int) -> int:
+    """Delivery ``first``'s very body, resent under another delivery id: a replay."""
+    with store.sessions() as session:
+        body = session.get(Delivery, first).body
+    incoming = IncomingDelivery(
+        source_id=source_id,
+        delivery_id="d-resent",
+        body=body,
+        event="issues.opened",
+        action="opened",
+        headers={"X-GitHub-Event": "issues"},
+        content_type="application/json",
+    )
+    with session_scope(store.sessions) as session:
+        recorded = record_delivery(session=session, incoming=incoming)
+    assert recorded.status is DeliveryStatus.REPLAY
+    return recorded.pk
+
+
+def test_replay_of_a_resent_body_asks_first(store: Store, celery):
+    source_id = a_source(store, store.workspace().id)
+    first = a_delivery(store, source_id, "d-1")
+    resent = stored_as_replay(store, source_id, first)
+
+    unanswered = taskhook(store, "deliveries", "replay", str(resent))
+    shown = taskhook(store, "deliveries", "replay", str(resent), "--dry-run").stdout
+
+    assert "pass --yes to replay without asking" in usage_error(unanswered)
+    assert (
+        "WARNING: it is the very body of an earlier delivery, resent under another id (status "
+        "replay): replay it only if you know its sender is genuine." in shown
+    )
+    assert statuses(store, [resent]) == ["replay"] and celery.sent == []
+
+
+def test_replay_refuses_when_what_it_does_changed_after_its_plan_was_shown(store: Store, celery):
+    parked, _, _ = parked_after_a_delete(store)
+    acme = store.scalar("SELECT id FROM workspaces WHERE slug = 'acme'")
+
+    class CreatedMeanwhile(io.BytesIO):
+        """The answer, typed while a REST caller creates the task again."""
+
+        def __init__(self) -> None:
+            super().__init__(b"y\n")
+
+        def read1(self, size: int = -1) -> bytes:
+            if self.tell() == 0:  # the command reads the answer: the question is out
+                with session_scope(store.sessions) as session:
+                    create_task(
+                        session=session,
+                        caller=TRUSTED,
+                        workspace_id=acme,
+                        new=NewTask(title="TES-41 again", external_id="jira:TES-41"),
+                    )
+            return super().read1(size)
+
+    line = refused(taskhook(store, "deliveries", "replay", str(parked), input=CreatedMeanwhile()))
+    now = taskhook(store, "deliveries", "replay", str(parked), "--dry-run").stdout
+
+    assert line == (
+        f"Error: delivery {parked} changed since its plan was shown; nothing was replayed: look "
+        f"again (taskhook deliveries replay {parked} --dry-run)"
+    )
+    assert statuses(store, [parked]) == ["needs_operator"] and celery.sent == []
+    assert "'jira:TES-41' is held by ACME-2 now: replaying finds it, no new task" in now
+    assert "WARNING" not in now
+
+
+def test_replay_asks_a_person_at_a_terminal_even_when_nothing_is_undone(store: Store):
+    _, _, _, parked = an_unfinished_create(store)
+    main, terminal = pty.openpty()
+    try:
+        with subprocess.Popen(
+            [str(BIN / "taskhook"), "deliveries", "replay", str(parked)],
+            cwd=ROOT,
+            env=process_env(store),
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            os.write(main, b"n\n")
+            out, err = process.communicate(timeout=120)
+    finally:
+        os.close(terminal)
+        os.close(main)
+
+    assert process.returncode == 1, err
+    assert "Replay it? [y/N]: " in out and "Aborted!" in err
+    assert statuses(store, [parked]) == ["needs_operator"]
 
 
 def some_dead(store: Store, count: int) -> list[int]:
@@ -212,8 +488,11 @@ def test_replay_matching_dry_run_counts_and_changes_nothing(store: Store, celery
     assert listed == {
         "dry_run": True,
         "criteria": {"received_from": "2020-01-01T00:00:00+00:00"},
+        "recreate": [],
         "replayable": 3,
         "bodies_dropped": 0,
+        "task_deleted": 0,
+        "task_deleted_ids": [],
     }
     assert statuses(store, dead) == ["dead"] * 3
     assert celery.sent == []

@@ -13,8 +13,10 @@ from sqlalchemy import select, text
 from ingest.console import pages as console_pages
 from ingest.console.pages import web_link
 from models.db import session_scope
+from models.operations import list_operations
 from models.tables import ConsoleSession, SourceSecret
 from tests.support.console import Console, csrf_of, open_console
+from tests.support.runs import deleted_before_it_settled
 from tests.support.stores import Store
 
 XSS_TITLE = "<script>alert(1)</script><img src=x onerror=alert(2)>"
@@ -361,6 +363,50 @@ def test_bulk_replay_counts_first_then_runs_named(console: Console) -> None:
     history = console.client.get("/console/operations").text
     assert "after the outage" in history and "acme-operator" in history
     assert console.store.scalar("SELECT matched FROM operations") == 2
+
+
+def test_bulk_replay_leaves_out_a_create_whose_task_was_deleted_unless_ticked(
+    console: Console,
+) -> None:
+    parked = console.deliver(number=1)
+    deleted_before_it_settled(console.store, parked)
+    dead = console.deliver(number=2)
+    console.kill(dead)
+    csrf = console.sign_in("acme-operator")
+
+    dry = console.post("/console/replays/dry-run", csrf)
+    run = console.post("/console/replays", csrf_of(dry.text), expected="1", name="outage")
+    statuses_after_run = [console.status_of(d) for d in (parked, dead)]
+    ticked = console.post(
+        "/console/replays", csrf, name="TES-41 should exist", recreate=str(parked)
+    )
+    wrong = console.post("/console/replays", csrf, name="typo", recreate="12a")
+
+    assert re.search(r'id="dry-run-count">1<', dry.text)
+    assert re.search(r'id="task-deleted-count">1<', dry.text)
+    assert f'<input type="checkbox" name="recreate" value="{parked}">' in dry.text
+    assert run.status_code == 303 and statuses_after_run == ["needs_operator", "queued"]
+    assert ticked.status_code == 303 and console.status_of(parked) == "queued"
+    with console.store.sessions() as session:
+        history = {o.name: o.criteria for o in list_operations(session=session)}
+    assert history == {"outage": {}, "TES-41 should exist": {"recreate": [parked]}}
+    assert wrong.status_code == 400 and "is not a delivery&#39;s id" in wrong.text
+
+
+def test_a_delivery_page_says_what_replaying_it_will_do(console: Console) -> None:
+    parked = console.deliver()
+    deleted = deleted_before_it_settled(console.store, parked)
+    console.sign_in("acme-operator")
+
+    page = console.client.get(f"/console/deliveries/{parked}").text
+
+    plan = re.search(r'id="replay-plan">([^<]*)<', page).group(1)
+    assert plan.startswith(f"Replaying: its task (id {deleted}) was deleted on ")
+    assert plan.endswith(
+        "before its creation settled: replaying creates a new task for "
+        "&#39;gh-issue/Codertocat/Hello-World#1&#39;."
+    )
+    assert re.search(r'id="replay-warning">someone deleted that task: replay only if', page)
 
 
 def test_a_bulk_replay_needs_a_name(console: Console) -> None:
