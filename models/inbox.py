@@ -789,9 +789,13 @@ def replay_delivery(
     for column in DRAFT_COLUMNS:
         setattr(delivery, column, None)
     delivery.lease_expires_at = None
-    # An operator's replay is the delivery received anew, by their decision:
-    # the identity ledger judges it so (models.identities.Entrance).
-    delivery.updated_at = delivery.replayed_at = utcnow()
+    delivery.updated_at = utcnow()
+    if recreate_deleted:
+        # One delivery the operator named, having been told what it does: the
+        # delivery received anew, by their decision, as the identity ledger
+        # judges it (models.identities.Entrance). A bulk replay's other rows
+        # keep their receipt, so none brings back what was removed since.
+        delivery.replayed_at = delivery.updated_at
 
 
 def replay_refusal(

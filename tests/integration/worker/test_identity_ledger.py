@@ -18,7 +18,8 @@ from sqlalchemy import select
 from models.access import Caller
 from models.db import session_scope
 from models.identities import IdentityState
-from models.inbox import DeliveryStatus
+from models.inbox import DeliveryStatus, replay
+from models.operations import DeliveryFilter, bulk_replay
 from models.retention import Policy, prune
 from models.tables import Delivery, Identity, Task, utcnow
 from models.tasks import NewTask, create_task, delete_task, release_external_id
@@ -250,3 +251,44 @@ def test_a_release_frees_a_task_s_aliases_with_its_identity(store: Store):
     new_id, outcome = _create(store, feed, "gh-issue/new/repo#9")
 
     assert outcome == "created" and new_id != task_id
+
+
+def _dead_copy_of_the_item(store: Store, feed) -> int:
+    """A second delivery of the item, dead (say, by a bug since fixed)."""
+    pk = store_fixture(store.sessions, feed, "jira", JIRA_CREATED)
+    with session_scope(store.sessions) as session:
+        session.get(Delivery, pk).status = DeliveryStatus.DEAD.value
+    return pk
+
+
+def test_a_bulk_replay_never_brings_back_a_task_deleted_since(store: Store):
+    feed = make_feed(store.sessions)
+    _, task = _created(store, feed)
+    dead = _dead_copy_of_the_item(store, feed)
+    _delete(store, task)
+
+    bulk_replay(
+        sessions=store.sessions,
+        filter=DeliveryFilter(status=DeliveryStatus.DEAD.value),
+        name="after the fix",
+        operator="ops",
+        expected=None,
+        send=lambda pks: None,
+    )
+
+    assert "received before" in _ignored(store, dead)
+    assert tasks_of(store.sessions, feed.workspace_id) == []
+
+
+def test_a_single_replay_is_the_operator_s_word_and_creates_anew(store: Store):
+    feed = make_feed(store.sessions)
+    _, task = _created(store, feed)
+    dead = _dead_copy_of_the_item(store, feed)
+    _delete(store, task)
+    with session_scope(store.sessions) as session:
+        replay(session=session, delivery_pk=dead)
+
+    processed = run(store, dead)
+
+    assert processed.outcome == "created"
+    assert len(tasks_of(store.sessions, feed.workspace_id)) == 1
