@@ -503,6 +503,41 @@ def names_shown(session: Session, task_ids: Iterable[int]) -> dict[int, list[Nam
     }
 
 
+@dataclass(frozen=True)
+class LedgerRow:
+    """One ledger row, for an operator's listing (``taskhook identities list``)."""
+
+    task_id: int
+    kind: str
+    name: str
+    state: str
+    alias: bool
+    #: The operator merge that made it an alias (models/merges.py), if one did.
+    merge_id: int | None
+    changed_at: datetime
+
+
+def list_names(
+    session: Session, *, workspace_id: int | None = None, task_id: int | None = None, limit: int
+) -> list[LedgerRow]:
+    """The ledger's rows of a workspace or of a task, by task, its own names first."""
+    query = (
+        select(Identity)
+        .order_by(Identity.task_id, Identity.is_alias, Identity.kind, Identity.name)
+        .limit(limit)
+    )
+    if workspace_id is not None:
+        query = query.where(Identity.workspace_id == workspace_id)
+    if task_id is not None:
+        query = query.where(Identity.task_id == task_id)
+    return [
+        LedgerRow(
+            row.task_id, row.kind, row.name, row.state, row.is_alias, row.merge_id, row.changed_at
+        )
+        for row in session.scalars(query)
+    ]
+
+
 def names_of(session: Session, task_ids: Iterable[int]) -> dict[int, list[Identity]]:
     """Each task's names in the ledger, its own first, then its aliases."""
     ids = list(task_ids)
