@@ -14,16 +14,18 @@ from models.events import EventType
 from models.identities import IdentityState, learn_move, names_shown, task_called
 from models.merges import get_merge, list_merges, merge, plan_merge, unmerge
 from models.names import Move, Name
-from models.tables import Identity, IdentityMerge, Task, TaskEvent
+from models.tables import Identity, IdentityMerge, Task, TaskEvent, utcnow
 from models.tasks import (
     CreateOutcome,
     NewTask,
+    SourceLink,
     archive_task,
     create_task,
     delete_task,
     find_task_by_external_id,
     release_external_id,
 )
+from tests.support.invariants import assert_invariants, violations
 from tests.support.stores import TRUSTED, Store
 
 #: The same Jira issue before and after a site migration gave it new ids.
@@ -279,6 +281,31 @@ def test_a_release_after_a_merge_frees_the_merged_names_too_and_the_undo_refuses
 
     with pytest.raises(MergeRefused, match="moved on since"):
         _unmerge(store, done.id)
+
+
+def test_the_stores_promises_hold_through_a_merge_and_its_undo(store: Store):
+    ws = store.workspace().id
+    into, from_ = (
+        _create(
+            store,
+            ws,
+            f"jira:{key}",
+            source=SourceLink("jira", f"https://old.atlassian.net/browse/{key}", key),
+        ).task
+        for key in ("OPS-7", "OPS2-7")
+    )
+    done = _merge(store, into.id, from_.id)
+    # The task merged from lost its identity by the merge's audit row.
+    assert_invariants(store.engine)
+    with session_scope(store.sessions) as session:
+        session.get(IdentityMerge, done.id).undone_at = utcnow()
+    assert "without an audit row" in " ".join(violations(store.engine).violations)
+    with session_scope(store.sessions) as session:
+        session.get(IdentityMerge, done.id).undone_at = None
+
+    _unmerge(store, done.id)
+
+    assert_invariants(store.engine)
 
 
 def test_a_merge_never_deletes_a_task(store: Store):
