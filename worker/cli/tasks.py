@@ -358,6 +358,11 @@ def release(
     holder = found.holder
     if holder is None:
         raise _nobody_holds(found)
+    if holder.external_id is None:
+        raise Refused(
+            f"{found.external_id!r} is an alias of {holder.identifier}, which holds no "
+            "external id: there is no identity to release"
+        )
     if holder.external_id != found.external_id:
         raise Refused(
             f"{found.external_id!r} is an alias of {holder.identifier}, which holds "

@@ -170,6 +170,14 @@ def test_an_operator_merges_from_the_task_view_and_undoes_it(console: Console):
         "acme-operator",
     )
     assert 'class="undo-merge"' in merged.text
+    # On the page of the alias, the merge form, but no release: an alias is
+    # freed by releasing the identity it is an alias of.
+    alias_page = console.client.get(f"/console/tasks?workspace=acme&external_id={NEW_SITE}")
+    assert 'id="merge"' in alias_page.text and 'id="release"' not in alias_page.text
+    assert (
+        'id="release"'
+        in console.client.get(f"/console/tasks?workspace=acme&external_id={OLD_SITE}").text
+    )
 
     undone = console.post(
         f"/console/merges/{audit.id}/undo",
