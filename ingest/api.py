@@ -35,6 +35,8 @@ from ingest.rest import (
 )
 from ingest.schemas import CreatedTask, FoundTask, TaskCreate, TaskPage, TaskPatch, TaskRead
 from models.errors import TaskNotFound
+from models.identities import names_shown
+from models.tables import Task
 from models.tasks import (
     NewTask,
     archive_task,
@@ -111,6 +113,7 @@ async def create(request: Request, principal: Authenticated) -> CreatedTask:
         )
         return CreatedTask.of(
             result.task,
+            names_shown(session, [result.task.id])[result.task.id],
             deduplicated=result.outcome.deduplicated,
             creation_complete=result.outcome.creation_complete,
         )
@@ -137,7 +140,7 @@ REQUIRED_QUERY_PARAMETERS = {
     BY_EXTERNAL_ID,
     response_model=FoundTask,
     responses=error_responses(400, 404),
-    summary="Find the task that holds an external_id (read-only)",
+    summary="Find the task that answers to an external_id, held or as an alias (read-only)",
 )
 def lookup(
     request: Request,
@@ -146,7 +149,9 @@ def lookup(
     external_id: ExternalIdQuery = None,
 ) -> FoundTask:
     """The task holding ``external_id`` -- archived and unsettled ones included --
-    with ``creation_complete``. Never creates anything. A caller that wants to
+    or the task it is an alias of (a name the item had before a move, or that
+    an operator merged into it), with ``creation_complete`` and its ``names``.
+    Never creates anything. A caller that wants to
     recover after a long absence should look up first and create only on 404."""
     require_access(principal, workspace_id)
 
@@ -159,7 +164,11 @@ def lookup(
         )
         if task is None:
             raise TaskNotFound()
-        return FoundTask.of(task, creation_complete=task.external_id_settled_at is not None)
+        return FoundTask.of(
+            task,
+            names_shown(session, [task.id])[task.id],
+            creation_complete=task.external_id_settled_at is not None,
+        )
 
     return in_session(request, work)
 
@@ -215,11 +224,16 @@ def release(
 # --- plain task routes ------------------------------------------------------------------
 
 
+def _read(session: Session, task: Task) -> TaskRead:
+    """``task`` with its names (docs/contract.md §15, item 9)."""
+    return TaskRead.of(task, names_shown(session, [task.id])[task.id])
+
+
 @router.get("/tasks/{task_id}", response_model=TaskRead, responses=error_responses(404))
 def read_task(request: Request, principal: Authenticated, task_id: Id) -> TaskRead:
     return in_session(
         request,
-        lambda s: TaskRead.of(get_task(session=s, caller=principal.caller, task_id=task_id)),
+        lambda s: _read(s, get_task(session=s, caller=principal.caller, task_id=task_id)),
     )
 
 
@@ -245,8 +259,9 @@ def read_tasks(
             limit=limit,
             after=after,
         )
+        names = names_shown(session, [task.id for task in tasks])
         return TaskPage(
-            tasks=[TaskRead.of(task) for task in tasks],
+            tasks=[TaskRead.of(task, names[task.id]) for task in tasks],
             next_after=tasks[-1].id if len(tasks) == limit else None,
         )
 
@@ -284,7 +299,7 @@ async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> 
             description=patch.description,
             clear_description="description" in body and patch.description is None,
         )
-        return TaskRead.of(task)
+        return _read(session, task)
 
     return await run_in_threadpool(in_session, request, work)
 
@@ -294,7 +309,7 @@ def archive(request: Request, principal: Authenticated, task_id: Id) -> TaskRead
     """Archive the task. It keeps its external_id: a retried create still finds it."""
     return in_session(
         request,
-        lambda s: TaskRead.of(archive_task(session=s, caller=principal.caller, task_id=task_id)),
+        lambda s: _read(s, archive_task(session=s, caller=principal.caller, task_id=task_id)),
     )
 
 

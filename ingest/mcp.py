@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ingest.schemas import CreatedTask
 from models.db import session_scope
 from models.errors import TaskNotFound, TaskStoreError, WorkspaceNotAccessible
+from models.identities import names_shown
 from models.tables import Workspace
 from models.tasks import NewTask, create_task
 from models.tokens import Principal, authenticate
@@ -53,7 +54,8 @@ the first task instead of making a duplicate, so pass one whenever a retry or a 
 restart could run this call again, and on a retry replay exactly the arguments you \
 sent the first time.
 
-The result is the task as JSON with external_id, deduplicated and creation_complete:
+The result is the task as JSON with external_id, names, deduplicated and creation_complete \
+(names: every name the task answers to; a create under any of them returns this task):
 - deduplicated: true means the task already existed and nothing was created; do not \
 report that you created something new.
 - deduplicated: true together with creation_complete: false means another create \
@@ -130,11 +132,14 @@ def _create(
             result = create_task(
                 session=session, caller=principal.caller, workspace_id=workspace_id, new=new
             )
-    return CreatedTask.of(
-        result.task,
-        deduplicated=result.outcome.deduplicated,
-        creation_complete=result.outcome.creation_complete,
-    ).model_dump(mode="json")
+        # Its names, the aliases too: a create under one is Found on the task.
+        names = names_shown(session, [result.task.id])[result.task.id]
+        return CreatedTask.of(
+            result.task,
+            names,
+            deduplicated=result.outcome.deduplicated,
+            creation_complete=result.outcome.creation_complete,
+        ).model_dump(mode="json")
 
 
 @contextmanager

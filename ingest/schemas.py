@@ -8,11 +8,14 @@ were chosen to avoid.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.identities import NameView
 from models.tables import Task
 
 EXTERNAL_ID_DESCRIPTION = (
@@ -57,6 +60,17 @@ class TaskPatch(BaseModel):
     description: str | None = None
 
 
+class TaskName(BaseModel):
+    """One name the identity ledger knows a task by (docs/contract.md §15, item 9)."""
+
+    kind: str = Field(description="external (an external id) or stable (a provider's stable key).")
+    name: str
+    state: str = Field(description="held, archived, deleted or released.")
+    alias: bool = Field(
+        description="Not the name the task was created under: a move's or a merge's."
+    )
+
+
 class TaskRead(BaseModel):
     id: int
     workspace_id: int
@@ -73,11 +87,19 @@ class TaskRead(BaseModel):
         description="The external identity this task holds; omitted when it holds none.",
     )
 
+    names: list[TaskName] = Field(
+        default_factory=list,
+        description="Every name the task answers or answered to: its own first, then its "
+        "aliases (a move's, a merge's). A lookup by any live one finds the task.",
+    )
+
     @classmethod
-    def of(cls, task: Task, **outcome: bool) -> Self:
-        """``task`` as this read model; ``outcome`` fills a subclass's own
-        fields (``deduplicated``, ``creation_complete``)."""
-        return cls(**{name: getattr(task, name) for name in TaskRead.model_fields}, **outcome)
+    def of(cls, task: Task, names: Sequence[NameView] = (), **outcome: bool) -> Self:
+        """``task`` as this read model, with its ``names`` (``models.identities.names_shown``);
+        ``outcome`` fills a subclass's own fields (``deduplicated``, ``creation_complete``)."""
+        fields = {name: getattr(task, name) for name in TaskRead.model_fields if name != "names"}
+        shown = [TaskName(**asdict(name)) for name in names]
+        return cls(**fields, names=shown, **outcome)
 
 
 class CreatedTask(TaskRead):

@@ -105,6 +105,14 @@ class OperationNotFound(TaskStoreError, LookupError):
         super().__init__(f"operation {operation_id} not found")
 
 
+class MergeNotFound(TaskStoreError, LookupError):
+    kind = ErrorKind.NOT_FOUND
+
+    def __init__(self, merge_id: object) -> None:
+        super().__init__(f"merge {merge_id} not found")
+        self.merge_id = merge_id
+
+
 # --- invalid ---------------------------------------------------------------------------
 
 
@@ -143,6 +151,13 @@ class InvalidFilter(TaskStoreError, ValueError):
 class InvalidOperation(TaskStoreError, ValueError):
     """A bulk operation without a usable name or operator, or with an
     impossible expected count."""
+
+    kind = ErrorKind.INVALID
+
+
+class InvalidMerge(TaskStoreError, ValueError):
+    """A merge that can never be made as asked: a task into itself, tasks of
+    two workspaces, no operator or reason (models/merges.py)."""
 
     kind = ErrorKind.INVALID
 
@@ -229,6 +244,14 @@ class IdentityRetired(TaskStoreError):
     def __init__(self, reason: str, task_id: int | None) -> None:
         super().__init__(reason)
         self.task_id = task_id
+
+
+class MergeRefused(TaskStoreError):
+    """The tasks' current state refuses a merge or its undo: a task without
+    names to move, a create not settled yet, a merge already undone, names
+    that moved on since the merge (models/merges.py)."""
+
+    kind = ErrorKind.CONFLICT
 
 
 class NotReplayable(TaskStoreError):

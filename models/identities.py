@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models.names import Move, Name, NameKind
-from models.tables import Identity, IdentityPrefix, sql_constant, utcnow
+from models.tables import Identity, IdentityPrefix, Task, sql_constant, utcnow
 
 #: The ledger's key, whose violation means "another create took this name".
 LEDGER_KEY = "pk_identities"
@@ -464,13 +464,78 @@ def _learn_prefix(session: Session, workspace_id: int, move: Move) -> str:
 
 
 def task_called(session: Session, workspace_id: int, name: Name) -> int | None:
-    """The task that answers to ``name`` in the ledger (held or archived,
-    under a learned rename too), or None. A lookup's question, after the
-    tasks' own external ids."""
+    """The id of the task in the workspace that answers to ``name``, or None.
+
+    Every lookup surface asks this one function (docs/contract.md §15, item 9):
+    for an external id, first the task holding it -- the basic contract's own
+    lookup -- then the ledger, where a live name (held or archived) may be an
+    alias (a move's, a merge's) or a name before a learned repository rename.
+    A deleted or released name answers nothing.
+    """
+    if name.kind is NameKind.EXTERNAL:
+        holder = session.scalar(
+            select(Task.id).where(Task.workspace_id == workspace_id, Task.external_id == name.value)
+        )
+        if holder is not None:
+            return holder
     for row in recall(session, workspace_id, [name]):
         if row.state.live:
             return row.task_id
     return None
+
+
+@dataclass(frozen=True)
+class NameView:
+    """One of a task's names, as every surface shows it."""
+
+    kind: str
+    name: str
+    state: str
+    #: Not the name the task was created under: a move's, or a merge's.
+    alias: bool
+
+
+def names_shown(session: Session, task_ids: Iterable[int]) -> dict[int, list[NameView]]:
+    """:func:`names_of`, as plain values: each task's names, its own first."""
+    return {
+        task_id: [NameView(row.kind, row.name, row.state, row.is_alias) for row in rows]
+        for task_id, rows in names_of(session, task_ids).items()
+    }
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One ledger row, for an operator's listing (``taskhook identities list``)."""
+
+    task_id: int
+    kind: str
+    name: str
+    state: str
+    alias: bool
+    #: The operator merge that made it an alias (models/merges.py), if one did.
+    merge_id: int | None
+    changed_at: datetime
+
+
+def list_names(
+    session: Session, *, workspace_id: int | None = None, task_id: int | None = None, limit: int
+) -> list[LedgerRow]:
+    """The ledger's rows of a workspace or of a task, by task, its own names first."""
+    query = (
+        select(Identity)
+        .order_by(Identity.task_id, Identity.is_alias, Identity.kind, Identity.name)
+        .limit(limit)
+    )
+    if workspace_id is not None:
+        query = query.where(Identity.workspace_id == workspace_id)
+    if task_id is not None:
+        query = query.where(Identity.task_id == task_id)
+    return [
+        LedgerRow(
+            row.task_id, row.kind, row.name, row.state, row.is_alias, row.merge_id, row.changed_at
+        )
+        for row in session.scalars(query)
+    ]
 
 
 def names_of(session: Session, task_ids: Iterable[int]) -> dict[int, list[Identity]]:

@@ -29,6 +29,7 @@ from models.errors import (
 )
 from models.events import EventType
 from models.external_id import normalize_external_id
+from models.identities import NameView, names_shown, task_called
 from models.inbox import (
     KEY_ORDER_SLACK,
     WEBHOOK_ORIGIN,
@@ -39,6 +40,7 @@ from models.inbox import (
     of_workspaces,
     oldest_queued_at,
 )
+from models.names import Name
 from models.operations import DeliveryFilter
 from models.providers import UNKNOWN_EVENT
 from models.tables import (
@@ -404,6 +406,9 @@ class TaskView:
     created_at: datetime
     created_by_delivery: int | None
     source_url: str | None
+    #: Every name the identity ledger knows the task by, its own first, then
+    #: its aliases (docs/contract.md §15, items 9 and 10).
+    names: tuple[NameView, ...] = ()
 
     @property
     def settled(self) -> bool:
@@ -439,7 +444,8 @@ class Lineage:
     workspace_id: int
     workspace: str
     external_id: str
-    #: The task holding the identity now, settled or not, archived or not.
+    #: The task answering to the identity now -- holding it, or as an alias
+    #: in the identity ledger -- settled or not, archived or not.
     holder: TaskView | None
     #: Tasks that held it before an operator released it (oldest first).
     former_holders: list[TaskView]
@@ -479,7 +485,8 @@ class LineageEvent:
 
 
 def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Lineage:
-    """The task holding ``external_id`` in the workspace, the tasks that held it
+    """The task answering to ``external_id`` in the workspace (holding it, or
+    the task it is an alias of: ``models.identities.task_called``), the tasks that held it
     before a release, the releases, and every delivery that touched those tasks.
 
     A delivery touched a task when its recorded outcome names the task
@@ -494,9 +501,9 @@ def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Li
     if normalized is None:
         raise InvalidExternalId("external_id is required")
 
-    holder = session.scalar(
-        select(Task).where(Task.workspace_id == workspace.id, Task.external_id == normalized)
-    )
+    # The task answering to it: its holder, or the task it is an alias of.
+    holder_id = task_called(session, workspace.id, Name.external(normalized))
+    holder = session.get(Task, holder_id) if holder_id is not None else None
     releases = [
         ReleaseView(r.id, r.task_id, r.operator, r.reason, r.released_at)
         for r in session.scalars(
@@ -521,7 +528,8 @@ def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Li
     )
     tasks = ([holder] if holder is not None else []) + former
     links = _source_urls(session, [task.id for task in tasks])
-    views = {task.id: _task_view(task, links.get(task.id)) for task in tasks}
+    names = names_shown(session, [task.id for task in tasks])
+    views = {task.id: _task_view(task, links.get(task.id), names[task.id]) for task in tasks}
 
     deliveries: list[DeliverySummary] = []
     touched_ids = list({*views, *former_ids, *(task.id for task in deleted)})
@@ -593,7 +601,7 @@ def _source_urls(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
     )
 
 
-def _task_view(task: Task, source_url: str | None) -> TaskView:
+def _task_view(task: Task, source_url: str | None, names: list[NameView]) -> TaskView:
     return TaskView(
         id=task.id,
         identifier=task.identifier,
@@ -604,6 +612,7 @@ def _task_view(task: Task, source_url: str | None) -> TaskView:
         created_at=task.created_at,
         created_by_delivery=task.created_by_delivery,
         source_url=source_url,
+        names=tuple(names),
     )
 
 
@@ -617,7 +626,8 @@ def task_named(*, session: Session, workspace_slug: str, identifier: str) -> Tas
     )
     if task is None:
         return None
-    return _task_view(task, _source_urls(session, [task.id]).get(task.id))
+    link = _source_urls(session, [task.id]).get(task.id)
+    return _task_view(task, link, names_shown(session, [task.id])[task.id])
 
 
 def timeline(found: Lineage) -> list[LineageEvent]:

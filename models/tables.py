@@ -262,7 +262,8 @@ class IdentityMerge(Base):
     into_task_id: Mapped[int] = mapped_column(Integer)
     #: The task whose names became aliases (archived by the merge).
     from_task_id: Mapped[int] = mapped_column(Integer)
-    #: The names moved, as ``[[kind, name, state, is_alias], ...]``: what an undo puts back.
+    #: The names moved, as ``[[kind, name, state, is_alias, merge_id, settled_at], ...]``,
+    #: each as it was: what an undo puts back (models.merges.MovedName).
     names: Mapped[list[list[object]]] = mapped_column(JSON)
     operator: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str] = mapped_column(Text)

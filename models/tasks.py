@@ -27,6 +27,7 @@ from models.errors import (
     HolderChanged,
     IdentityRetired,
     InvalidExternalId,
+    InvalidMerge,
     InvalidRelease,
     InvalidTask,
     TaskNotFound,
@@ -46,8 +47,10 @@ from models.identities import (
     record_created,
     remember_aliases,
     task_became,
+    task_called,
 )
 from models.integrity import violated_unique_index
+from models.names import Name
 from models.statements import insert_from_values
 from models.tables import (
     EXTERNAL_ID_INDEX,
@@ -626,10 +629,14 @@ def _required_external_id(raw: object) -> str:
 def find_task_by_external_id(
     *, session: Session, caller: Caller, workspace_id: int, external_id: object
 ) -> Task | None:
-    """The task holding ``external_id`` in the workspace (archived and unsettled
-    ones included), or None. Read-only. Authorizes, then validates, then looks."""
+    """The task answering to ``external_id`` in the workspace (archived and
+    unsettled ones included), or None: the one holding it, or the one it is
+    an alias of in the identity ledger (docs/contract.md §15, item 9).
+    Read-only. Authorizes, then validates, then looks."""
     _authorized_workspace(session, caller, workspace_id)
-    return _holder_of(session, workspace_id, _required_external_id(external_id))
+    name = Name.external(_required_external_id(external_id))
+    task_id = task_called(session, workspace_id, name)
+    return None if task_id is None else _current(session, task_id)
 
 
 def get_task(*, session: Session, caller: Caller, task_id: int) -> Task:
@@ -671,27 +678,35 @@ MAX_OPERATOR_LENGTH = 200
 _AUDIT_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def clean_release_text(value: object, *, what: str, missing: str, limit: int) -> str:
+def clean_release_text(
+    value: object,
+    *,
+    what: str,
+    missing: str,
+    limit: int,
+    error: type[InvalidRelease] | type[InvalidMerge] = InvalidRelease,
+) -> str:
     """``value`` as an audit row keeps it: one line of text, trimmed, not
     empty (``missing`` says so), at most ``limit`` characters. Raises
-    :class:`InvalidRelease` saying which rule it breaks; every release surface calls it, so a
-    100,000-character reason or one with a terminal escape is refused
+    ``error`` (:class:`InvalidRelease`, or a merge's :class:`InvalidMerge`)
+    saying which rule it breaks; every release and merge surface calls it, so
+    a 100,000-character reason or one with a terminal escape is refused
     everywhere, not stored raw."""
     if value is None:
-        raise InvalidRelease(missing)
+        raise error(missing)
     if not isinstance(value, str):
-        raise InvalidRelease(f"{what} must be text")
+        raise error(f"{what} must be text")
     text = value.strip()
     if not text:
-        raise InvalidRelease(missing)
+        raise error(missing)
     control = _AUDIT_CONTROL_CHARACTER.search(text)
     if control:
-        raise InvalidRelease(
+        raise error(
             f"{what} must be one line without control characters "
             f"(U+{ord(control.group()):04X} at position {control.start()})"
         )
     if len(text) > limit:
-        raise InvalidRelease(f"{what} must be at most {limit} characters (got {len(text)})")
+        raise error(f"{what} must be at most {limit} characters (got {len(text)})")
     return text
 
 

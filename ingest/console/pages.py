@@ -44,6 +44,7 @@ from models.db import session_scope
 from models.display import format_age, format_when
 from models.errors import NotReplayable, TaskStoreError
 from models.inbox import BULK_REPLAYABLE, REPLAYABLE, DeliveryStatus, replay
+from models.merges import list_merges, merge, unmerge
 from models.operations import (
     DeliveryFilter,
     bulk_replay,
@@ -107,6 +108,8 @@ PAGE_SIZE = 50
 NOTICES = {
     "replayed": "The delivery is queued again and sent to the worker.",
     "released": "Released. The next create for this identity makes a new task.",
+    "merged": "Merged: the other task's names are this task's aliases; it is archived.",
+    "unmerged": "Undone: the names are the other task's again.",
     "rotation-finished": "Rotation finished: only the newest secret verifies now.",
     "revoked": "The token is revoked; its sessions have ended.",
     "signed-out": "Signed out.",
@@ -557,7 +560,12 @@ def _task_page(
         if scope.by_slug(slug) is None:
             return context | {"error": f"no workspace {slug!r}"}
         found = lineage(session=session, workspace_slug=workspace.slug, external_id=external_id)
-        return context | {"found": found, "timeline": timeline(found)}
+        merges = (
+            list_merges(session=session, caller=user.principal.caller, task_id=found.holder.id)
+            if found.holder is not None
+            else []
+        )
+        return context | {"found": found, "timeline": timeline(found), "merges": merges}
 
     context = read(request, work)
     found_error = context.pop("error", None)
@@ -620,6 +628,82 @@ async def release(request: Request, user: User) -> HTMLResponse:
     else:
         answer = partial(_task_page, notice=NOTICES["released"])
     return await run_in_threadpool(answer, request, user, slug, external_id)
+
+
+def _acted(
+    request: Request, user: SignedIn, slug: str, external_id: str, work, done: str
+) -> HTMLResponse:
+    """Run an action of the task page, then show the page with its notice or its refusal."""
+    try:
+        read(request, work)
+    except (Refused, TaskStoreError) as error:
+        status, message = (
+            (error.status, error.message)
+            if isinstance(error, Refused)
+            else (STATUS_OF_KIND[error.kind], str(error))
+        )
+        return _task_page(request, user, slug, external_id, status=status, error=message)
+    return _task_page(request, user, slug, external_id, notice=NOTICES[done])
+
+
+@router.post("/tasks/merge")
+async def merge_tasks(request: Request, user: User) -> HTMLResponse:
+    """Merge another task's names into the task shown (docs/contract.md §15, item 10)."""
+    form = await auth.checked_form(request, user)
+    auth.require_operator(user, "Merging two tasks")
+    slug = str(form.get("workspace") or "")
+    external_id = str(form.get("external_id") or "").strip()
+    into = str(form.get("into") or "").strip()
+    from_identifier = str(form.get("from") or "").strip()
+    confirm = str(form.get("confirm") or "").strip()
+    reason = str(form.get("reason") or "")
+
+    def work(session: Session) -> None:
+        if scope_of(session, user).by_slug(slug) is None:
+            raise Refused(404, f"no workspace {slug!r}")
+        if not into.isdigit():
+            raise Refused(400, "The task to merge into is missing; look it up again.")
+        if confirm != from_identifier:
+            raise Refused(400, f"Type the identifier ({from_identifier}) to confirm the merge.")
+        from_task = task_named(session=session, workspace_slug=slug, identifier=from_identifier)
+        if from_task is None:
+            raise Refused(
+                400,
+                f"No task {from_identifier!r} in workspace {slug}: give an identifier "
+                "like ACME-12.",
+            )
+        merge(
+            session=session,
+            caller=user.principal.caller,
+            into_task_id=int(into),
+            from_task_id=from_task.id,
+            operator=user.principal.name,
+            reason=reason,
+        )
+
+    return await run_in_threadpool(_acted, request, user, slug, external_id, work, "merged")
+
+
+@router.post("/merges/{merge_id:int}/undo")
+async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLResponse:
+    """Undo a merge from its audit row on the task page."""
+    form = await auth.checked_form(request, user)
+    auth.require_operator(user, "Undoing a merge")
+    slug = str(form.get("workspace") or "")
+    external_id = str(form.get("external_id") or "").strip()
+    reason = str(form.get("reason") or "")
+
+    def work(session: Session) -> None:
+        # Another workspace's merge answers as one that does not exist.
+        unmerge(
+            session=session,
+            caller=user.principal.caller,
+            merge_id=merge_id,
+            operator=user.principal.name,
+            reason=reason,
+        )
+
+    return await run_in_threadpool(_acted, request, user, slug, external_id, work, "unmerged")
 
 
 # --- sources ---------------------------------------------------------------------------------

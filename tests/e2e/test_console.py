@@ -50,7 +50,8 @@ NAV = [
     "/console/operations",
 ]
 ACTION_FORMS = (
-    "form#replay, form#dry-run, form#release, form.rotate, form.finish-rotation, form.revoke"
+    "form#replay, form#dry-run, form#release, form#merge, form.undo-merge, form.rotate, "
+    "form.finish-rotation, form.revoke"
 )
 
 
@@ -312,6 +313,7 @@ def operator_actions(page: Page, console: Console, dead_pk: int) -> dict[str, tu
         reason="a member tries",
         confirm=issue_id(1),
     )
+    take("merge", "form#merge", reason="a member tries", **{"from": "X-1", "confirm": "X-1"})
     open_page(page, f"{console.url}/console/sources")
     take("rotate", f"#sources tr[data-source={SPARE}] form.rotate")
     take("finish-rotation", f"#sources tr[data-source={SPARE}] form.finish-rotation")

@@ -40,9 +40,18 @@ from starlette.routing import Mount, Route
 import models.providers.signing
 from ingest.app import create_app
 from ingest.console import pages as console_pages
+from models.access import Caller
 from models.db import session_scope
+from models.merges import merge
 from models.settings import Settings
-from models.tables import ApiToken, IdentityRelease, Operation, SourceSecret, Task
+from models.tables import (
+    ApiToken,
+    IdentityMerge,
+    IdentityRelease,
+    Operation,
+    SourceSecret,
+    Task,
+)
 from models.tables import Delivery as DeliveryRow
 from models.tokens import issue_token
 from tests.support.deliveries import fixture, gitlab_headers, sign
@@ -70,6 +79,8 @@ class Tenants:
     globex_identity: str
     #: A delivery of globex's, for an outsider to look at and replay.
     globex_delivery: int
+    #: A merge of two globex tasks, for an outsider to try to undo.
+    globex_merge: int
 
     def auth(self, who: str | None) -> dict[str, str]:
         return {} if who is None else {"Authorization": f"Bearer {self.tokens[who]}"}
@@ -102,6 +113,9 @@ class Tenants:
                 select(func.count()).select_from(ApiToken).where(ApiToken.revoked_at.is_not(None))
             )
             operations = session.scalar(select(func.count()).select_from(Operation))
+            merges = session.execute(
+                select(IdentityMerge.id, IdentityMerge.undone_at).order_by(IdentityMerge.id)
+            ).all()
         return [
             *tasks,
             ("releases", releases),
@@ -109,6 +123,7 @@ class Tenants:
             ("active secrets", secrets),
             ("revoked tokens", revoked),
             ("operations", operations),
+            ("merges", merges),
         ]
 
 
@@ -162,6 +177,26 @@ def tenants(shared_database, secret_book):
             delivery_id = session.scalar(
                 select(DeliveryRow.id).where(DeliveryRow.delivery_id == "globex-ping")
             )
+        # Two globex tasks for one item, merged by globex's operator.
+        twin = client.post(
+            "/api/v1/tasks",
+            json={
+                "workspace_id": globex.workspace_id,
+                "title": "Globex secret roadmap, migrated",
+                "external_id": "jira:GLX-8",
+            },
+            headers={"Authorization": f"Bearer {tokens['globex-member']}"},
+        )
+        assert twin.status_code == 200, twin.text
+        with session_scope(sessions) as session:
+            merge_id = merge(
+                session=session,
+                caller=Caller.of_workspaces("globex-operator", globex.workspace_id),
+                into_task_id=created.json()["id"],
+                from_task_id=twin.json()["id"],
+                operator="globex-operator",
+                reason="the site migration",
+            ).id
         state = Tenants(
             client,
             engine,
@@ -172,6 +207,7 @@ def tenants(shared_database, secret_book):
             created.json()["id"],
             "jira:GLX-7",
             delivery_id,
+            merge_id,
         )
         yield state
     engine.dispose()
@@ -374,6 +410,22 @@ ATTEMPTS: dict[tuple[str, str], Attempt] = {
         expected_holder=lambda t: "GLX-1",
         reason=lambda t: "outsider",
         confirm=lambda t: t.globex_identity,
+    ),
+    ("POST", "/console/tasks/merge"): _console(
+        "POST",
+        lambda t: "/console/tasks/merge",
+        workspace=lambda t: t.globex.slug,
+        external_id=lambda t: t.globex_identity,
+        into=lambda t: str(t.globex_task),
+        reason=lambda t: "outsider",
+        **{"from": lambda t: "GLX-2", "confirm": lambda t: "GLX-2"},
+    ),
+    ("POST", "/console/merges/{merge_id:int}/undo"): _console(
+        "POST",
+        lambda t: f"/console/merges/{t.globex_merge}/undo",
+        workspace=lambda t: t.acme.slug,
+        external_id=lambda t: t.globex_identity,
+        reason=lambda t: "outsider",
     ),
     ("GET", "/console/sources"): _console("GET", lambda t: "/console/sources"),
     ("POST", "/console/sources/{slug}/rotate-secret"): _console(

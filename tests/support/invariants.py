@@ -12,7 +12,8 @@ stateful test).
 3. ``task_sequence`` equals the number of tasks created in each workspace: no
    Found outcome, lost race or failed insert burned an identifier.
 4. Every release has an audit row naming an operator and a reason, and an
-   audit row's task really lost its identity.
+   audit row's task really lost its identity. A task merged into another
+   (models/merges.py) lost its identity by a merge's audit row instead.
 
 And what follows from the create sequence: no task carries a settlement
 without an identity, no task still holding an identity is unsettled once the
@@ -109,14 +110,17 @@ def violations(engine: Engine, *, dead_allowed: Iterable[str] = ()) -> Snapshot:
             found.append(f"task_sequence differs from the tasks created: {burned}")
 
         # A task that came from a webhook was created holding an identity (every
-        # draft has one); without it now, an operator must have released it.
+        # draft has one); without it now, an operator must have released it, or
+        # merged it into another task (a merge not undone: models/merges.py).
         unaudited = (
             db.execute(
                 text(
                     "SELECT t.id FROM tasks t WHERE t.external_id IS NULL "
                     "AND (t.created_by_delivery IS NOT NULL "
                     "     OR EXISTS (SELECT 1 FROM task_sources s WHERE s.task_id = t.id)) "
-                    "AND NOT EXISTS (SELECT 1 FROM identity_releases r WHERE r.task_id = t.id)"
+                    "AND NOT EXISTS (SELECT 1 FROM identity_releases r WHERE r.task_id = t.id) "
+                    "AND NOT EXISTS (SELECT 1 FROM identity_merges m "
+                    "                WHERE m.from_task_id = t.id AND m.undone_at IS NULL)"
                 )
             )
             .scalars()

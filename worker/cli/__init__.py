@@ -26,7 +26,8 @@ Layout: ``runtime`` (settings, engine, sessions, the Celery app hook; the
 errors and the root group's error translation), ``output`` (``--json``, tables, fields),
 ``prompts`` (a confirmation, and what no answer means), and one
 module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
-lookup, explain, release), ``deliveries`` (list, show, replay, replay-matching,
+lookup, explain, release), ``identities`` (the names tasks answer to, and
+operator merges), ``deliveries`` (list, show, replay, replay-matching,
 stats), ``operations`` (the history of bulk replays),
 ``catchup`` (recover deliveries from a provider's delivery log), ``tokens``,
 ``demo`` (a workspace to try, signed samples to send it), ``mcp`` (the MCP
@@ -45,6 +46,7 @@ from worker.cli.catchup import catch_up
 from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
 from worker.cli.demo import demo
+from worker.cli.identities import identities
 from worker.cli.mcp import mcp
 from worker.cli.operations import operations
 from worker.cli.runtime import EXIT_NO_ANSWER, CommandRuntime, TaskhookGroup
@@ -76,6 +78,7 @@ for _command in (
     task,
     explain,
     release,
+    identities,
     deliveries,
     operations,
     stats,

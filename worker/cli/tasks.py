@@ -24,6 +24,7 @@ from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
 # that replacing ``worker.cli.runtime.load_celery_app`` (as the tests do) takes effect here.
 from worker.cli import runtime as cli_runtime
 from worker.cli.deliveries import print_deliveries
+from worker.cli.identities import describe_names
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
 from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.prompts import confirmed
@@ -88,6 +89,7 @@ def _task_fields(found: Lineage, view: TaskView) -> list[tuple[str, Any]]:
     fields: list[tuple[str, Any]] = [
         ("task", f"{view.identifier}  {view.title}"),
         ("external id", view.external_id),
+        ("names", describe_names(view.names)),
         ("state", _settlement(view)),
     ]
     if not view.settled:
@@ -129,7 +131,8 @@ def _lineage_by_either(
         )
     if named.external_id is None:
         raise Refused(
-            f"task {given} holds no external id (it was released, or created without one): "
+            f"task {given} holds no external id (it was released, merged into another task, "
+            f"or created without one): "
             f"pass the external id itself, {_EXAMPLES}"
         )
     return _lineage(runtime, workspace_slug, named.external_id)
@@ -167,7 +170,8 @@ def task_lookup(
 ) -> None:
     """The task holding EXTERNAL_ID (settled or not) and the deliveries that touched it.
 
-    EXTERNAL_ID may also be a task identifier (ACME-12) when no task holds it as
+    A task EXTERNAL_ID is an alias of (a move's, a merge's) answers too, with
+    all its names. EXTERNAL_ID may also be a task identifier (ACME-12) when no task holds it as
     an external id. Put `--` before an EXTERNAL_ID that starts with a dash.
     """
     found = _lineage_by_either(
@@ -240,7 +244,12 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
             f"(deliveries that touched it: {touched})."
         )
     holder = found.holder
-    if holder is None:
+    if holder is not None and holder.external_id != found.external_id:
+        click.echo(
+            f"Now: an alias of {holder.identifier} (task {holder.id}), which answers to "
+            f"{describe_names(holder.names)}; a create under it is Found on that task."
+        )
+    elif holder is None:
         click.echo("Now: no task holds it; the next delivery for the item creates a new task.")
     elif holder.settled:
         click.echo(f"Now: held by {holder.identifier}, settled. Nothing to do.")
@@ -333,6 +342,16 @@ def release(
     holder = found.holder
     if holder is None:
         raise _nobody_holds(found)
+    if holder.external_id is None:
+        raise Refused(
+            f"{found.external_id!r} is an alias of {holder.identifier}, which holds no "
+            "external id: there is no identity to release"
+        )
+    if holder.external_id != found.external_id:
+        raise Refused(
+            f"{found.external_id!r} is an alias of {holder.identifier}, which holds "
+            f"{holder.external_id!r}: release that (its aliases are freed with it)"
+        )
     # With --json the preview and the question go to stderr; stdout stays one document.
     click.echo(
         f"Release external id {found.external_id!r} in workspace {found.workspace} from:",

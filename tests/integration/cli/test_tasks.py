@@ -187,8 +187,9 @@ def test_task_lookup_says_what_to_pass_when_an_identifier_names_no_identity(stor
     unknown = refused(taskhook(store, "task", "lookup", "--workspace", "acme", "ACME-9"))
 
     assert released == (
-        "Error: task ACME-1 holds no external id (it was released, or created without one): "
-        "pass the external id itself, e.g. 'jira:PROJ-12' or 'gh-issue/OWNER/REPO#12'"
+        "Error: task ACME-1 holds no external id (it was released, merged into another task, "
+        "or created without one): pass the external id itself, e.g. 'jira:PROJ-12' or "
+        "'gh-issue/OWNER/REPO#12'"
     )
     assert unknown == (
         "Error: no task in workspace acme holds external id 'ACME-9', and no task there is "

@@ -192,7 +192,9 @@ def test_no_get_takes_an_action(console: Console) -> None:
     console.sign_in("acme-operator")
     for route in acting:
         assert "GET" not in route.methods, route.path
-        path = route.path.replace("{delivery_id:int}", "1").replace("{token_id:int}", "1")
+        path = route.path
+        for placeholder in ("{delivery_id:int}", "{token_id:int}", "{merge_id:int}"):
+            path = path.replace(placeholder, "1")
         answer = console.client.get(path.replace("{slug}", "acme-github"), follow_redirects=False)
         assert answer.status_code == 405, route.path
 
