@@ -18,6 +18,7 @@ import dataclasses
 import enum
 import functools
 import hashlib
+import json
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -43,6 +44,8 @@ from sqlalchemy.sql import Executable
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
 from models.names import NameKind
+from models.providers import PROVIDERS
+from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
 from models.tables import Delivery, Identity, Task, WebhookSource, sql_constant, utcnow
 from models.tasks import InsertFence, NewTask
 
@@ -61,8 +64,10 @@ class DeliveryStatus(enum.StrEnum):
     #: delivery id: GitHub and Jira keep a delivery's id when they send it
     #: again, so this is someone resending a captured body. Never processed.
     REPLAY = "replay"
-    #: Another body under a delivery id already stored, kept as its own
-    #: record for an operator to look at; never processed.
+    #: Another body under a delivery id already stored, one that is no create
+    #: for its source, kept as its own record for an operator to look at;
+    #: never processed (a create is kept apart too, but queued: see
+    #: :func:`kept_apart`).
     MISMATCH = "mismatch"
 
 
@@ -91,11 +96,6 @@ REPLAYABLE = frozenset(
 #: replay or a mismatch is a body someone resent: each is replayed on its own
 #: (:func:`replay`), once the operator knows the sender is genuine.
 BULK_REPLAYABLE = frozenset({DeliveryStatus.NEEDS_OPERATOR, DeliveryStatus.DEAD})
-#: What a stored row that made, and will make, no task is: a later body
-#: under its delivery id that is a create goes through on its own record.
-CREATES_NOTHING = frozenset(
-    {DeliveryStatus.IGNORED, DeliveryStatus.REPLAY, DeliveryStatus.MISMATCH}
-)
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,10 @@ class IncomingDelivery:
     origin: str = WEBHOOK_ORIGIN
     #: The catch-up run that stored it; None for a webhook's.
     catchup_run_id: int | None = None
+    #: The provider that reads the body (``models.providers.PROVIDERS``): how
+    #: a body under a stored delivery id is compared with the stored one
+    #: (:func:`same_payload`). None: read as JSON.
+    provider: str | None = None
 
     def __post_init__(self) -> None:
         if not self.body_sha256:
@@ -148,11 +152,14 @@ def record_delivery(*, session: Session | Connection, incoming: IncomingDelivery
     - a body its source already sent under another delivery id is stored as a
       :attr:`~DeliveryStatus.REPLAY`, never processed;
     - a second delivery under a stored id with the same body is a duplicate,
-      and changes nothing;
-    - with another body, it counts a mismatch on the stored row and is kept as
-      its own record (:func:`kept_apart`): processed when it is a create and
-      the stored row made no task, else a :attr:`~DeliveryStatus.MISMATCH`.
-      A body resent under an id cannot make a genuine create disappear.
+      and changes nothing; so is one whose bytes differ but whose payload, as
+      its provider reads it, is the same (:func:`same_payload`: a catch-up
+      copy, rebuilt from the JSON the provider's log kept);
+    - with another payload, it counts a mismatch on the stored row and is
+      kept as its own record (:func:`kept_apart`): processed when it is a
+      create, whatever the stored row was, else a
+      :attr:`~DeliveryStatus.MISMATCH`. No body under a shared id can make a
+      genuine create disappear.
 
     Which statement runs next is decided by :func:`recording_steps`; this is
     its driver on a session or a connection, and ``ingest.runtime`` has the
@@ -179,8 +186,11 @@ class InboxStatement(enum.Enum):
     #: INSERT ... ON CONFLICT DO NOTHING RETURNING (id, status): no row when
     #: the (source, delivery id) is stored already.
     INSERT = "insert"
-    #: The stored row under (source, delivery id): (id, body_sha256, status, origin).
+    #: The stored row under (source, delivery id): (id, body_sha256, status).
     STORED = "stored"
+    #: The body of row ``pk``, read when another body came under its delivery
+    #: id: (body, content_type).
+    STORED_BODY = "stored_body"
     #: One more payload mismatch on row ``pk``; returns no row.
     COUNT_MISMATCH = "count_mismatch"
 
@@ -225,6 +235,12 @@ def recording_steps(incoming: IncomingDelivery) -> RecordingSteps:
                 f"delivery id {incoming.delivery_id!r} was stored, then gone, twice over"
             )
     stored = stored_duplicate(incoming, *found)
+    if stored.payload_mismatch:
+        # Other bytes may still say the same: a catch-up copy of this very
+        # delivery, or the genuine one after its copy (docs/contract.md, 15.6).
+        kept = yield InboxStep(InboxStatement.STORED_BODY, {"pk": stored.pk})
+        if kept is not None and same_payload(incoming, *kept):
+            stored = dataclasses.replace(stored, payload_mismatch=False)
     if not stored.payload_mismatch:
         return stored
     yield InboxStep(InboxStatement.COUNT_MISMATCH, {"pk": stored.pk})
@@ -285,33 +301,62 @@ def _draft_columns(task: NewTask | None) -> dict[str, str | None]:
 
 
 def stored_duplicate(
-    incoming: IncomingDelivery, pk: int, body_sha256: str, status: str, origin: str
+    incoming: IncomingDelivery, pk: int, body_sha256: str, status: str
 ) -> Recorded:
     """What a delivery under an id already stored is: the stored row answers
-    (its own status), and a body that differs is a payload mismatch, counted
-    by the caller with the ``count_mismatch`` statement -- unless the stored
-    row was recovered by the catch-up, whose body is rebuilt from the JSON
-    the provider's log kept and so never the bytes the sender signed: the
-    sender's own delivery under that id is the same delivery, a duplicate."""
+    (its own status), and other bytes are a payload mismatch, counted by the
+    caller with the ``count_mismatch`` statement -- unless they say the same
+    (:func:`same_payload`, which :func:`recording_steps` asks with the
+    stored body)."""
     return Recorded(
         pk=pk,
         is_new=False,
         status=DeliveryStatus(status),
-        payload_mismatch=body_sha256 != incoming.body_sha256 and origin == WEBHOOK_ORIGIN,
+        payload_mismatch=body_sha256 != incoming.body_sha256,
     )
+
+
+def same_payload(
+    incoming: IncomingDelivery, stored_body: bytes, stored_content_type: str | None
+) -> bool:
+    """Whether ``incoming``'s body says what the stored body under its
+    delivery id says, each read as its provider reads a body (JSON without
+    one): the catch-up rebuilds a delivery from the JSON the provider's log
+    kept, never the bytes the sender signed, in its own spacing, key order
+    and escapes, and as JSON whatever the hook's content type. Compared as
+    canonical JSON, so ``1``, ``1.0`` and ``true`` stay apart. A body either
+    side cannot read -- one the retention policy dropped, say -- differs."""
+    try:
+        return _canonical(incoming.provider, incoming.content_type, incoming.body) == _canonical(
+            incoming.provider, stored_content_type, stored_body
+        )
+    except (ValueError, RecursionError, UnsupportedContentType, UnsupportedPayload):
+        return False
+
+
+def _canonical(provider: str | None, content_type: str | None, body: bytes) -> str:
+    payload = (
+        json.loads(body)
+        if provider is None
+        else PROVIDERS[provider].decode_body(content_type, body)
+    )
+    return json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def kept_apart(incoming: IncomingDelivery, stored: Recorded) -> IncomingDelivery:
-    """``incoming``, whose id is stored with another body, as a record of its
-    own: under ``<id>#<its body's sha256, 16 digits>`` (so that it, too, is
-    stored once), processed only when it is a create and the stored row made
-    no task, else kept as a mismatch for an operator."""
-    processed = incoming.status is DeliveryStatus.QUEUED and stored.status in CREATES_NOTHING
+    """``incoming``, whose id is stored with another payload, as a record of
+    its own: under ``<id>#<its body's sha256, 16 digits>`` (so that it, too,
+    is stored once). A create for its source is queued, whatever the stored
+    row was: one id may carry two creates (GitLab's ``X-Gitlab-Event-UUID``,
+    shared by every event one request caused, stands in for a missing
+    ``Idempotency-Key``), and the worker finds the task of an identity already
+    held, so nothing is created twice. Anything else is kept as a mismatch
+    for an operator (docs/contract.md, 15.6)."""
     where = (
         f"delivery id {incoming.delivery_id!r} is stored (delivery {stored.pk}) with another body"
     )
-    if processed:
-        status, reason = DeliveryStatus.QUEUED, f"{where}, which made no task"
+    if incoming.status is DeliveryStatus.QUEUED:
+        status, reason = DeliveryStatus.QUEUED, f"{where}; a create, processed on its own record"
     else:
         status, reason = DeliveryStatus.MISMATCH, f"{where}; not processed"
     return dataclasses.replace(
@@ -436,12 +481,11 @@ def _insert_statement(dialect: str):
     )
 
 
-_STORED_DELIVERY = select(
-    Delivery.id, Delivery.body_sha256, Delivery.status, Delivery.origin
-).where(
+_STORED_DELIVERY = select(Delivery.id, Delivery.body_sha256, Delivery.status).where(
     Delivery.source_id == bindparam("source_id"),
     Delivery.delivery_id == bindparam("delivery_id"),
 )
+_STORED_BODY = select(Delivery.body, Delivery.content_type).where(Delivery.id == bindparam("pk"))
 _COUNT_MISMATCH = (
     update(Delivery.__table__)
     .where(Delivery.__table__.c.id == bindparam("pk"))
@@ -454,6 +498,7 @@ def _inbox_statements(dialect: str) -> dict[InboxStatement, Executable]:
     return {
         InboxStatement.INSERT: _insert_statement(dialect),
         InboxStatement.STORED: _STORED_DELIVERY,
+        InboxStatement.STORED_BODY: _STORED_BODY,
         InboxStatement.COUNT_MISMATCH: _COUNT_MISMATCH,
     }
 
@@ -462,7 +507,7 @@ def _inbox_statements(dialect: str) -> dict[InboxStatement, Executable]:
 class InboxSQL:
     """``record_delivery``'s statements as PostgreSQL text for psycopg, with
     ``%(name)s`` placeholders filled from :func:`delivery_values` (``pk`` for
-    ``count_mismatch``).
+    ``stored_body`` and ``count_mismatch``).
 
     For the ingress's writer on the event loop, which runs them on a bare
     psycopg connection, without a session (ingest.runtime.AsyncInbox):
@@ -474,6 +519,7 @@ class InboxSQL:
 
     insert: str
     stored: str
+    stored_body: str
     count_mismatch: str
 
     def of(self, statement: InboxStatement) -> str:

@@ -195,6 +195,7 @@ def incoming_delivery(
         status_reason=reason,
         external_id=reading.external_id,
         task=reading.task,
+        provider=provider.name,
     )
     return incoming, known
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import timedelta
 
 import pytest
@@ -96,12 +97,13 @@ def test_the_same_delivery_twice_is_one_row(store: Store):
     assert store.scalar("SELECT count(*) FROM deliveries") == 1
 
 
-def test_another_body_under_a_stored_id_is_counted_and_kept_apart_unprocessed(store: Store):
+def test_another_body_that_is_no_create_is_counted_and_kept_apart_unprocessed(store: Store):
     source_id = a_source(store)
     first = record(store, source_id)
-    other = b'{"something": "else"}'
-    apart = record(store, source_id, body=other)
-    again = record(store, source_id, body=other)
+    other = b'{"webhookEvent": "comment_created"}'
+    not_a_create = {"status": DeliveryStatus.IGNORED, "status_reason": "not a create"}
+    apart = record(store, source_id, body=other, **not_a_create)
+    again = record(store, source_id, body=other, **not_a_create)
 
     assert (apart.is_new, apart.status, apart.payload_mismatch) == (
         True,
@@ -118,18 +120,46 @@ def test_another_body_under_a_stored_id_is_counted_and_kept_apart_unprocessed(st
     assert row(store, first.pk).payload_mismatches == 2
 
 
-def test_a_create_under_the_id_of_a_row_that_made_no_task_goes_through_on_its_own(store: Store):
-    """Jira: a signed comment body sent under 7002 first (ignored, or a replay)
-    cannot make the genuine issue_created under 7002 disappear."""
+@pytest.mark.parametrize("stored_status", [DeliveryStatus.QUEUED, DeliveryStatus.IGNORED])
+def test_another_create_under_a_stored_id_goes_through_on_its_own_whatever_the_row(
+    store: Store, stored_status: DeliveryStatus
+):
+    """Jira: a comment body sent under 7002 first (ignored), or a create of
+    another issue (queued: one id shared by two events), cannot make the
+    genuine issue_created under 7002 disappear."""
     source_id = a_source(store)
-    decoy = record(store, source_id, "7002", status=DeliveryStatus.IGNORED, status_reason="x")
+    stored = record(store, source_id, "7002", status=stored_status, status_reason="x")
     genuine = record(store, source_id, "7002", body=body_for("genuine"))
 
-    assert (genuine.is_new, genuine.status) == (True, DeliveryStatus.QUEUED)
-    assert genuine.pk != decoy.pk
-    assert row(store, genuine.pk).status_reason == (
-        f"delivery id '7002' is stored (delivery {decoy.pk}) with another body, which made no task"
+    assert (genuine.is_new, genuine.status, genuine.payload_mismatch) == (
+        True,
+        DeliveryStatus.QUEUED,
+        True,
     )
+    assert genuine.pk != stored.pk
+    assert row(store, genuine.pk).status_reason == (
+        f"delivery id '7002' is stored (delivery {stored.pk}) with another body; "
+        "a create, processed on its own record"
+    )
+    assert row(store, stored.pk).payload_mismatches == 1
+    # Sent again, it is that record's duplicate: nothing more is queued.
+    again = record(store, source_id, "7002", body=body_for("genuine"))
+    assert again.is_new is False
+    assert store.scalar("SELECT count(*) FROM deliveries") == 2
+
+
+def test_other_bytes_of_the_same_payload_under_a_stored_id_are_a_duplicate(store: Store):
+    """A catch-up copy, re-serialized from the provider's log: compared by its
+    JSON, never its bytes, whichever of the two came first."""
+    source_id = a_source(store)
+    genuine = body_for("1001")
+    copy = json.dumps(json.loads(genuine), indent=1, sort_keys=True).encode()
+    first = record(store, source_id, body=genuine)
+    again = record(store, source_id, body=copy, origin="catch-up")
+
+    assert (again.pk, again.is_new, again.payload_mismatch) == (first.pk, False, False)
+    assert row(store, first.pk).payload_mismatches == 0
+    assert store.scalar("SELECT count(*) FROM deliveries") == 1
 
 
 def test_the_same_body_under_another_delivery_id_is_a_replay_never_processed(store: Store):

@@ -7,12 +7,16 @@ them are in tests/integration/ingest/conftest.py.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from ingest.app import create_app
+from models.db import session_scope
 from models.settings import Settings
+from models.sources import add_source
 from models.tables import Delivery
 from tests.support.deliveries import fixture, sample_headers
 from tests.support.stores import Store
@@ -60,6 +64,43 @@ class Ingress:
     def deliveries(self) -> list[Delivery]:
         with self.store.sessions() as session:
             return list(session.scalars(select(Delivery).order_by(Delivery.id)))
+
+
+def open_ingress(store: Store) -> Iterator[Ingress]:
+    """The ingress on ``store``, with a workspace fed by a source per provider
+    (``acme-github``, ``acme-jira``, ``acme-gitlab``): what the ``ingress``
+    fixtures hand out."""
+    workspace = store.workspace()
+    with session_scope(store.sessions) as session:
+        add_source(
+            session=session,
+            provider="github",
+            workspace_id=workspace.id,
+            slug="acme-github",
+            secret=GITHUB_SECRET,
+            create_events=["issues.opened", "pull_request.opened"],
+        )
+        add_source(
+            session=session,
+            provider="jira",
+            workspace_id=workspace.id,
+            slug="acme-jira",
+            secret=JIRA_SECRET,
+            create_events=["jira:issue_created"],
+            site_url=JIRA_SITE,
+        )
+        add_source(
+            session=session,
+            provider="gitlab",
+            workspace_id=workspace.id,
+            slug="acme-gitlab",
+            secret=GITLAB_TOKEN,
+            create_events=["Issue Hook.open", "Merge Request Hook.open"],
+        )
+    published: list[int] = []
+    app = create_app(settings_for(store.url), publish=published.extend)
+    with TestClient(app) as client:
+        yield Ingress(client, store, published)
 
 
 def settings_for(url: str, **overrides) -> Settings:

@@ -14,12 +14,13 @@ since the source's cursor, groups the attempts by ``guid`` (constant across
 redeliveries), and for every create delivery the inbox does not hold fetches
 what GitHub sent and stores it through the ingress's own reading
 (``models.intake.incoming_delivery``) under its guid, marked ``catch-up``:
-a later real redelivery of it is then a duplicate (``models.inbox``
-``stored_duplicate``), and the task is created once, by the worker, as for
-any delivery. Recovered deliveries commit in small batches
-(at most :data:`STORE_BATCH`), each sent to the worker once committed, so a
-run cut off halfway loses nothing it stored, and the next run
-finds those in the inbox and does not store them twice.
+a later real redelivery of it is then a duplicate, and so is this copy of a
+delivery the ingress took meanwhile (``models.inbox.same_payload``: the two
+are compared by their payload, not their bytes), and the task is created
+once, by the worker, as for any delivery. Recovered deliveries commit in
+small batches (at most :data:`STORE_BATCH`), each sent to the worker once
+committed, so a run cut off halfway loses nothing it stored, and the next
+run finds those in the inbox and does not store them twice.
 
 A scan and a search have no delivery to fetch: they synthesize one per item
 -- ``issues.opened``/``pull_request.opened`` with the item as GitHub lists it,

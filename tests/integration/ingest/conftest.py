@@ -11,54 +11,15 @@ from fastapi.testclient import TestClient
 from ingest.app import create_app
 from models.db import session_scope
 from models.settings import Settings
-from models.sources import add_source
 from models.tokens import issue_token
 from tests.support.console import Console, open_console
-from tests.support.ingress import (
-    GITHUB_SECRET,
-    GITLAB_TOKEN,
-    JIRA_SECRET,
-    JIRA_SITE,
-    Api,
-    Ingress,
-    settings_for,
-)
+from tests.support.ingress import Api, Ingress, open_ingress
 from tests.support.stores import Store
 
 
 @pytest.fixture
 def ingress(store: Store) -> Iterator[Ingress]:
-    workspace = store.workspace()
-    with session_scope(store.sessions) as session:
-        add_source(
-            session=session,
-            provider="github",
-            workspace_id=workspace.id,
-            slug="acme-github",
-            secret=GITHUB_SECRET,
-            create_events=["issues.opened", "pull_request.opened"],
-        )
-        add_source(
-            session=session,
-            provider="jira",
-            workspace_id=workspace.id,
-            slug="acme-jira",
-            secret=JIRA_SECRET,
-            create_events=["jira:issue_created"],
-            site_url=JIRA_SITE,
-        )
-        add_source(
-            session=session,
-            provider="gitlab",
-            workspace_id=workspace.id,
-            slug="acme-gitlab",
-            secret=GITLAB_TOKEN,
-            create_events=["Issue Hook.open", "Merge Request Hook.open"],
-        )
-    published: list[int] = []
-    app = create_app(settings_for(store.url), publish=published.extend)
-    with TestClient(app) as client:
-        yield Ingress(client, store, published)
+    yield from open_ingress(store)
 
 
 @pytest.fixture

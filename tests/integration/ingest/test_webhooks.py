@@ -236,16 +236,33 @@ def test_a_jira_retry_without_an_identifier_deduplicates_on_the_body(ingress: In
 
 def test_another_body_under_a_stored_id_is_a_counted_duplicate_kept_apart(ingress: Ingress):
     first_body = fixture("github", "issues__opened")
-    other_body = fixture("github", "issues__opened_with_organization")
+    other_body = fixture("github", "issues__closed")
     ingress.github("issues__opened", body=first_body, **{"X-GitHub-Delivery": "d-1"})
 
-    again = ingress.github("issues__opened", body=other_body, **{"X-GitHub-Delivery": "d-1"})
+    again = ingress.github("issues__closed", body=other_body, **{"X-GitHub-Delivery": "d-1"})
 
     assert (again.status_code, again.json()) == (202, {"status": "duplicate"})
     row, apart = ingress.deliveries()
     assert (row.body, row.payload_mismatches) == (first_body, 1)
-    # Kept for an operator, never processed: the stored row was a create.
+    # Kept for an operator, never processed: it is no create.
     assert (apart.body, apart.status) == (other_body, "mismatch")
+    metrics = ingress.client.get("/metrics").text
+    assert 'taskhook_payload_mismatches_total{provider="github"} 1.0' in metrics
+
+
+def test_another_create_under_a_stored_id_is_counted_and_queued_on_its_own(ingress: Ingress):
+    first_body = fixture("github", "issues__opened")
+    other_body = fixture("github", "issues__opened_with_organization")
+    first = ingress.github("issues__opened", body=first_body, **{"X-GitHub-Delivery": "d-1"})
+
+    again = ingress.github("issues__opened", body=other_body, **{"X-GitHub-Delivery": "d-1"})
+
+    row, apart = ingress.deliveries()
+    assert again.status_code == 202
+    assert again.json() == {"delivery": apart.id, "status": "queued"}
+    assert (row.body, row.payload_mismatches) == (first_body, 1)
+    assert (apart.body, apart.status) == (other_body, "queued")
+    wait_until(lambda: ingress.published == [first.json()["delivery"], apart.id])
     metrics = ingress.client.get("/metrics").text
     assert 'taskhook_payload_mismatches_total{provider="github"} 1.0' in metrics
 
