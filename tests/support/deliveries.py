@@ -8,6 +8,7 @@ call sites short.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -50,6 +51,19 @@ def fixture(provider: str, name: str) -> bytes:
     would. The same for every call in a run, so a redelivery is the same bytes."""
     body = (FIXTURES / provider / f"{name}.json").read_bytes()
     return PROVIDERS[provider].with_sent_at(body, SENT_AT_MS / 1000)
+
+
+def gitlab_issue_opened(iid: int) -> bytes:
+    """GitLab's recorded ``Issue Hook`` open, as the open of issue ``iid`` of
+    its project (``gl-issue/gitlabhq/gitlab-test#<iid>``): two of them are
+    two creates of two issues."""
+    payload = json.loads(fixture("gitlab", "issue_hook__open"))
+    attributes = payload["object_attributes"]
+    attributes["id"] = 300 + iid
+    attributes["iid"] = iid
+    attributes["title"] = f"Issue {iid}"
+    attributes["url"] = f"http://example.com/gitlabhq/gitlab-test/-/issues/{iid}"
+    return json.dumps(payload).encode()
 
 
 def fixture_names(provider: str) -> list[str]:
