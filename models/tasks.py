@@ -648,10 +648,26 @@ def get_task(*, session: Session, caller: Caller, task_id: int) -> Task:
 
 
 def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
-    """Archive the task. It keeps its external id: a retry still finds it."""
-    task = get_task(session=session, caller=caller, task_id=task_id)
-    if task.archived_at is None:
-        task.archived_at = task.updated_at = utcnow()
+    """Archive the task. It keeps its external id: a retry still finds it.
+
+    One conditional UPDATE decides which archive archives: of two at once,
+    the other matches no row (on PostgreSQL it waits for the first's row
+    lock, then finds the task archived), so ``task.archived`` is appended
+    once (docs/contract.md, "Task events"). Archiving an archived task
+    changes nothing and answers the task."""
+    get_task(session=session, caller=caller, task_id=task_id)
+    now = utcnow()
+    archived = session.execute(
+        update(Task)
+        .where(Task.id == task_id, Task.archived_at.is_(None))
+        .values(archived_at=now, updated_at=now)
+        .returning(Task.id)
+        .execution_options(synchronize_session=False)
+    ).scalar_one_or_none()
+    task = _current(session, task_id)
+    if task is None:
+        raise TaskNotFound()  # deleted since it was read
+    if archived is not None:
         append_event(session=session, type=EventType.ARCHIVED, task=task)
         task_became(session, task_id=task.id, state=IdentityState.ARCHIVED)
     return task
@@ -659,10 +675,12 @@ def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
 
 def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     """Delete the task; its external id goes with the row and is free again."""
-    task = get_task(session=session, caller=caller, task_id=task_id)
-    # Locked, so that a settlement cannot commit between the check below and
+    get_task(session=session, caller=caller, task_id=task_id)
+    # Held, so that a settlement cannot commit between the check below and
     # the delete: the task.created event comes exactly once either way.
-    session.refresh(task, with_for_update=True)
+    task = _held_until_commit(session, task_id)
+    if task is None:
+        raise TaskNotFound()  # deleted by another request meanwhile
     append_created_if_missing(session=session, task=task)
     append_event(session=session, type=EventType.DELETED, task=task)
     # The ledger keeps the names: a scan never brings the item back
@@ -670,6 +688,28 @@ def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     task_became(session, task_id=task.id, state=IdentityState.DELETED)
     session.delete(task)
     session.flush()
+
+
+def _held_until_commit(session: Session, task_id: int) -> Task | None:
+    """The task read afresh and held until the caller's commit; None when
+    its row is gone. PostgreSQL locks the row (``FOR UPDATE``). SQLite
+    ignores ``FOR UPDATE``, so there the transaction begins with a write (one
+    that changes nothing), which takes the database's one write lock
+    (``models.sqlite_writer``, then SQLite's own) before the read: no other
+    writer, a settlement included, commits until this transaction does."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(Task)
+            .where(Task.id == task_id)
+            .values(updated_at=Task.updated_at)
+            .execution_options(synchronize_session=False)
+        )
+    return session.scalars(
+        select(Task)
+        .where(Task.id == task_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one_or_none()
 
 
 #: The longest reason and operator name an audit row keeps.
