@@ -3,14 +3,17 @@
 Releasing an external identity frees it without deleting its task, so that a
 later create makes a new task. Only a person decides that, never an automated
 path (docs/contract.md, "Release"), so it is reachable only from operator
-surfaces -- this task, sent by the CLI, and the REST release route for
-operator tokens -- and never from a webhook handler or a delivery task.
+surfaces -- this task, sent by the CLI, the REST release route for
+operator tokens and the console's release form -- and never from a webhook
+handler or a delivery task. Every surface names the holder it showed or
+was given; this task refuses a message that names none.
 ``tests/integration/worker/test_release_boundary.py`` walks their imports to
 keep it so.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
@@ -22,6 +25,16 @@ from models.errors import HolderChanged, InvalidExternalId, InvalidRelease, Task
 from models.tables import Task
 from models.tasks import release_external_id
 from worker import runtime
+
+log = logging.getLogger(__name__)
+
+#: Why a RELEASE_IDENTITY message that names no expected holder is refused.
+NO_EXPECTED_HOLDER = (
+    "the release message names no expected holder (expected_task_id, its fifth "
+    "argument), so a task that claimed the identity while the message waited in the "
+    "queue could be freed; nothing was released. Release it again with `taskhook release`, "
+    "which shows the holder and sends it"
+)
 
 
 def release_identity(
@@ -90,6 +103,41 @@ def _refused(error: str, **details: Any) -> dict[str, Any]:
     return {"released": False, "error": error, **details}
 
 
+def release_by_message(
+    *,
+    session: Session,
+    workspace_id: object,
+    external_id: object,
+    operator: object,
+    reason: object,
+    expected_task_id: object = None,
+) -> dict[str, Any]:
+    """What the operator worker answers a RELEASE_IDENTITY message:
+    :func:`release_identity`, guarded by the holder the sender showed.
+
+    A message without ``expected_task_id`` -- the four arguments an older
+    CLI queued -- is refused, logged, and changes nothing: it may have
+    waited in the queue while the task it was meant for was deleted and a
+    new create claimed the identity (docs/contract.md, "Release")."""
+    if expected_task_id is None:
+        log.warning(
+            "refused a release of external id %r in workspace %r (operator %r): %s",
+            external_id,
+            workspace_id,
+            operator,
+            NO_EXPECTED_HOLDER,
+        )
+        return _refused(NO_EXPECTED_HOLDER, expected_holder_missing=True)
+    return release_identity(
+        session=session,
+        workspace_id=workspace_id,
+        external_id=external_id,
+        operator=operator,
+        reason=reason,
+        expected_task_id=expected_task_id,
+    )
+
+
 @shared_task(name=RELEASE_IDENTITY, ignore_result=False)
 def release_identity_task(
     workspace_id: int,
@@ -98,11 +146,12 @@ def release_identity_task(
     reason: str,
     expected_task_id: int | None = None,
 ) -> dict[str, Any]:
-    """RELEASE_IDENTITY(workspace_id, external_id, operator, reason[, expected_task_id])
-    on the operator queue. The fifth argument is optional, so a message an
-    older CLI queued (four arguments) still runs."""
+    """RELEASE_IDENTITY(workspace_id, external_id, operator, reason, expected_task_id)
+    on the operator queue. The fifth argument has a default only so that a
+    message an older CLI queued (four arguments) is answered with a refusal
+    (:func:`release_by_message`), not a crash of the task."""
     with session_scope(runtime.sessions()) as session:
-        return release_identity(
+        return release_by_message(
             session=session,
             workspace_id=workspace_id,
             external_id=external_id,

@@ -24,7 +24,8 @@ CATCH_UP = "taskhook.catch_up"
 #: (worker.retention), in small batches. Not on the deliveries queue: a long
 #: prune must not stand between a delivery and its worker.
 PRUNE = "taskhook.prune"
-#: release_identity(workspace_id, external_id, operator, reason) on the operator queue.
+#: release_identity(workspace_id, external_id, operator, reason, expected_task_id) on the
+#: operator queue; a message without the expected holder is refused (worker.operator).
 RELEASE_IDENTITY = "taskhook.release_identity"
 
 

@@ -21,7 +21,7 @@ from models.db import session_scope
 from tests.support.scenarios import EXTERNAL_ID
 from tests.support.stores import Store
 from worker.cli import cli
-from worker.operator import release_identity as operator_release
+from worker.operator import release_by_message
 
 #: The public URL the commands print webhook URLs under.
 PUBLIC_URL = "https://hooks.example.com"
@@ -118,7 +118,7 @@ def operator_worker(store: Store) -> Callable[..., dict[str, Any]]:
 
     def release_identity_task(workspace_id, external_id, operator, reason, expected_task_id=None):
         with session_scope(store.sessions) as session:
-            return operator_release(
+            return release_by_message(
                 session=session,
                 workspace_id=workspace_id,
                 external_id=external_id,

@@ -3,6 +3,7 @@ eagerly against the ``store`` fixture (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -33,6 +34,7 @@ from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.support.stores import TRUSTED, Store
 from worker import runtime
 from worker.celery_app import make_celery_app
+from worker.operator import NO_EXPECTED_HOLDER
 
 SETTINGS = Settings(
     broker_url="memory://",
@@ -238,7 +240,7 @@ def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, stor
 
     answer = (
         eager.tasks[RELEASE_IDENTITY]
-        .apply(args=[feed.workspace_id, "jira:TES-41", "alice", "abandoned import"])
+        .apply(args=[feed.workspace_id, "jira:TES-41", "alice", "abandoned import", task.id])
         .get()
     )
 
@@ -316,6 +318,9 @@ def test_a_release_mistake_is_answered_never_raised(eager: Celery, store: Store,
     assert feed.workspace_id == 1
     pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
     eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()
+    (held,) = tasks_of(store.sessions, feed.workspace_id)
+    # The holder the CLI would have shown, unless the case names another.
+    arguments = arguments if len(arguments) == 5 else (*arguments, held.id)
 
     answer = eager.tasks[RELEASE_IDENTITY].apply(args=list(arguments)).get()
 
@@ -324,6 +329,39 @@ def test_a_release_mistake_is_answered_never_raised(eager: Celery, store: Store,
     (task,) = tasks_of(store.sessions, feed.workspace_id)
     assert task.external_id == "jira:TES-41"
     assert store.scalar("SELECT count(*) FROM identity_releases") == 0
+
+
+def test_a_release_message_without_an_expected_holder_is_refused_and_changes_nothing(
+    eager: Celery, store: Store, caplog: pytest.LogCaptureFixture
+):
+    """The four arguments an older CLI queued: whatever task holds the
+    identity when it runs, nothing is released."""
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()
+    events_before = store.scalar("SELECT count(*) FROM task_events")
+
+    with caplog.at_level(logging.WARNING, logger="worker.operator"):
+        answer = (
+            eager.tasks[RELEASE_IDENTITY]
+            .apply(args=[feed.workspace_id, "jira:TES-41", "alice", "abandoned"])
+            .get()
+        )
+
+    assert answer == {
+        "released": False,
+        "error": NO_EXPECTED_HOLDER,
+        "expected_holder_missing": True,
+    }
+    assert "names no expected holder" in answer["error"]
+    assert "nothing was released" in answer["error"]
+    (refusal,) = [r for r in caplog.records if r.name == "worker.operator"]
+    assert "'jira:TES-41'" in refusal.getMessage()
+    assert "names no expected holder" in refusal.getMessage()
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    assert (task.external_id, task.external_id_settled_at is not None) == ("jira:TES-41", True)
+    assert store.scalar("SELECT count(*) FROM identity_releases") == 0
+    assert store.scalar("SELECT count(*) FROM task_events") == events_before
 
 
 def test_each_task_lives_in_its_module():
