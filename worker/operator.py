@@ -5,8 +5,10 @@ later create makes a new task. Only a person decides that, never an automated
 path (docs/contract.md, "Release"), so it is reachable only from operator
 surfaces -- this task, sent by the CLI, the REST release route for
 operator tokens and the console's release form -- and never from a webhook
-handler or a delivery task. Every surface names the holder it showed or
-was given; this task refuses a message that names none.
+handler or a delivery task. The CLI and the console always name the holder
+the operator was shown, and this task refuses a message that names none: a
+message may wait in the queue while its task is deleted and another claims
+the identity.
 ``tests/integration/worker/test_release_boundary.py`` walks their imports to
 keep it so.
 """
