@@ -115,13 +115,19 @@ def test_release_through_the_operator_queue_frees_the_identity_and_audits_it(
     (task,) = tasks_of(sessions, feed.workspace_id)
 
     mistake = client.send_task(
-        RELEASE_IDENTITY, args=[feed.workspace_id, "jira:TES-41", "alice", " "]
+        RELEASE_IDENTITY, args=[feed.workspace_id, "jira:TES-41", "alice", " ", task.id]
+    ).get(timeout=WAIT)
+    # What an older CLI queued: no expected holder, so nothing is released.
+    legacy = client.send_task(
+        RELEASE_IDENTITY, args=[feed.workspace_id, "jira:TES-41", "alice", "import gone wrong"]
     ).get(timeout=WAIT)
     answer = client.send_task(
-        RELEASE_IDENTITY, args=[feed.workspace_id, "jira:TES-41", "alice", "import gone wrong"]
+        RELEASE_IDENTITY,
+        args=[feed.workspace_id, "jira:TES-41", "alice", "import gone wrong", task.id],
     ).get(timeout=WAIT)
 
     assert mistake == {"released": False, "error": "a release must give a reason"}
+    assert (legacy["released"], legacy["expected_holder_missing"]) == (False, True)
     assert answer["released"] is True
     assert (answer["task_id"], answer["identifier"]) == (task.id, task.identifier)
     json.dumps(answer)  # JSON all the way

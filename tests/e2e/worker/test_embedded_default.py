@@ -47,8 +47,9 @@ def test_the_embedded_default_turns_deliveries_into_tasks_and_releases(
             "jira:TES-41",
         }
         assert delivery(sessions, never_sent).outcome == "created"  # the sweeper's doing
+        holder = delivery(sessions, never_sent).task_id
         answer = client.send_task(
-            RELEASE_IDENTITY, args=[feed.workspace_id, "jira:TES-41", "ops", "demo reset"]
+            RELEASE_IDENTITY, args=[feed.workspace_id, "jira:TES-41", "ops", "demo reset", holder]
         ).get(timeout=30)
         assert answer["released"] is True
     finally:
