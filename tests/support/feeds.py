@@ -173,18 +173,40 @@ def store_fixture(
     )
 
 
-def store_github_issue(sessions: sessionmaker[Session], feed: Feed, number: int) -> int:
-    """Store GitHub's ``issues.opened`` fixture as issue ``number`` of its
-    repository (``gh-issue/Codertocat/Hello-World#<number>``), with the task
-    its body describes, as the ingress keeps it. Bytes of its own each call,
-    as :func:`store_fixture`'s: a second call for a number is a redelivery."""
+def github_issue_body(number: int) -> bytes:
+    """GitHub's ``issues.opened`` fixture as issue ``number`` of its repository
+    (``gh-issue/Codertocat/Hello-World#<number>``), in bytes of its own each
+    call, as :func:`store_fixture`'s."""
     payload = json.loads(fixture("github", "issues__opened"))
     payload["issue"]["number"] = number
     payload["issue"]["html_url"] = f"https://github.com/Codertocat/Hello-World/issues/{number}"
-    body = json.dumps(payload).encode() + b" " * next(_STORED)
-    reading = read_delivery(PROVIDERS["github"], "issues.opened", payload, JIRA_SITE)
+    return json.dumps(payload).encode() + b" " * next(_STORED)
+
+
+def store_github_issue(
+    sessions: sessionmaker[Session],
+    feed: Feed,
+    number: int,
+    *,
+    delivery_id: str | None = None,
+    body: bytes | None = None,
+    origin: str = WEBHOOK_ORIGIN,
+) -> int:
+    """Store issue ``number``'s ``issues.opened`` (:func:`github_issue_body`),
+    with the task its body describes, as the ingress keeps it. Bytes of its
+    own each call: a second call for a number is another delivery of it.
+    ``body`` (and ``delivery_id``) store those instead: a redelivery."""
+    if body is None:
+        body = github_issue_body(number)
+    reading = read_delivery(PROVIDERS["github"], "issues.opened", json.loads(body), JIRA_SITE)
     return store_delivery(
-        sessions, feed.github_source_id, body=body, event="issues.opened", reading=reading
+        sessions,
+        feed.github_source_id,
+        body=body,
+        event="issues.opened",
+        delivery_id=delivery_id,
+        reading=reading,
+        origin=origin,
     )
 
 
