@@ -52,7 +52,7 @@ from models.events import EventType
 from models.identities import SYNTHESIZED_ORIGIN, IdentityState
 from models.inbox import REPLAYABLE, WEBHOOK_ORIGIN, DeliveryStatus, replay
 from models.names import NameKind
-from models.operations import DeliveryFilter, bulk_replay
+from models.operations import DeliveryFilter, bulk_replay, count_replayable
 from models.retention import Policy, prune
 from models.tables import Delivery, Identity, Task, TaskEvent, Workspace, utcnow
 from models.tasks import archive_task, delete_task, release_external_id
@@ -342,20 +342,29 @@ class LedgerMachine(RuleBasedStateMachine):
             for s in self.statuses.values()
         )
     )
-    @rule()
-    def replay_in_bulk(self) -> None:
+    @rule(name_the_left_out=st.booleans())
+    def replay_in_bulk(self, name_the_left_out: bool) -> None:
+        """The parked deliveries again. Those whose task was deleted before
+        their creation settled stay out unless the operator names them; only
+        a named one is their word, received anew (models.inbox.replay_delivery):
+        the others keep their receipt."""
         self.tick += 1
+        scope = DeliveryFilter(workspace_ids=frozenset({self.feed.workspace_id}))
+        with self.store.sessions() as session:
+            dry_run = count_replayable(session=session, filter=scope)
+        named = frozenset(dry_run.task_deleted_ids) if name_the_left_out else frozenset()
         queued: list[int] = []
         bulk_replay(
             sessions=self.store.sessions,
-            filter=DeliveryFilter(workspace_ids=frozenset({self.feed.workspace_id})),
+            filter=scope,
             name=f"stateful {self.tick}",
             operator="ops",
             expected=None,
             send=queued.extend,
+            named=named,
         )
-        assert queued, "the bulk replay queued none of the parked deliveries"
-        for pk in queued:
+        assert len(queued) == dry_run.replayable + len(named), (dry_run, named, queued)
+        for pk in named:
             self.sent[pk].replayed_tick = self.tick
 
     # --- after every step ---------------------------------------------------------------
