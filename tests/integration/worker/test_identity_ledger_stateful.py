@@ -25,6 +25,10 @@ identity ledger"):
 - ``task.created`` comes once per task that settled or was removed, the
   identifiers handed out are the tasks inserted, and no delivery is
   ``processing`` unless its worker died or it waits for an unsettled task.
+
+The two plain tests before the machine's are what it found, shrunk: each
+fails until the ledger remembers more than the last delivery that created
+an item's task (a redelivery after pruning brings a removed item back).
 """
 
 from __future__ import annotations
