@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from models.names import Move, Name, NameKind
-from models.tables import Identity, IdentityPrefix, Task, sql_constant, utcnow
+from models.tables import Identity, IdentityDelivery, IdentityPrefix, Task, sql_constant, utcnow
 
 #: The ledger's key, whose violation means "another create took this name".
 LEDGER_KEY = "pk_identities"
@@ -175,8 +175,37 @@ def _renamed_from(session: Session, workspace_id: int, external_id: str) -> list
     return [before + external_id[len(after) :] for before, after in prefixes]
 
 
-def judge(rows: Sequence[Recalled], names: ItemNames, entrance: Entrance | None) -> Verdict:
-    """What the ledger says of a create of ``names``, whose names recalled ``rows``.
+@dataclass(frozen=True)
+class Seen:
+    """What the ledger kept of a delivery it judged before (identity_deliveries)."""
+
+    received_at: datetime
+    created: bool
+
+
+def seen_before(session: Session, entrance: Entrance) -> Seen | None:
+    """The delivery's record from an earlier judgment, if it has one: after
+    its inbox row was pruned, what says when it first came in."""
+    row = session.execute(
+        select(IdentityDelivery.received_at, IdentityDelivery.created).where(
+            IdentityDelivery.source_id == entrance.source_id,
+            IdentityDelivery.delivery_id == entrance.delivery_id,
+        )
+    ).first()
+    return None if row is None else Seen(row.received_at, row.created)
+
+
+_CREATED_BEFORE = "this same delivery created it before, and never creates twice"
+
+
+def judge(
+    rows: Sequence[Recalled],
+    names: ItemNames,
+    entrance: Entrance | None,
+    seen: Seen | None = None,
+) -> Verdict:
+    """What the ledger says of a create of ``names``, whose names recalled
+    ``rows``; ``seen`` is the delivery's own record from an earlier judgment.
 
     ``entrance`` is None for a create made outside the inbox (REST, MCP):
     such a caller gets only the Found a name's task gives; the retirement
@@ -187,17 +216,22 @@ def judge(rows: Sequence[Recalled], names: ItemNames, entrance: Entrance | None)
             return Verdict(Ruling.FOUND, row.task_id)
     if entrance is None or not rows:
         return CREATE
-    for row in rows:
-        if entrance.replayed:
-            break
-        if row.source_id == entrance.source_id and row.delivery_id == entrance.delivery_id:
-            return _retired(row, "this same delivery created it before, and never creates twice")
+    received_at = entrance.received_at
+    if not entrance.replayed:
+        for row in rows:
+            if row.source_id == entrance.source_id and row.delivery_id == entrance.delivery_id:
+                return _retired(row, _CREATED_BEFORE)
+        if seen is not None:
+            if seen.created:
+                return _retired(rows[0], _CREATED_BEFORE)
+            # Judged before, its inbox row since pruned: it came in then.
+            received_at = min(received_at, seen.received_at)
     if entrance.synthesized:
         return _retired(
             rows[0], "the workspace had a task for it, and a scan or search never brings one back"
         )
     for row in rows:
-        if row.changed_at > entrance.received_at:
+        if row.changed_at > received_at:
             return _retired(
                 row,
                 f"the delivery was received before that "
@@ -212,6 +246,67 @@ def judge(rows: Sequence[Recalled], names: ItemNames, entrance: Entrance | None)
             # the item an operator deleted has moved, not been created anew.
             return _retired(row, "the item was deleted under that name, and has since moved")
     return CREATE
+
+
+def remember_delivery(
+    session: Session, *, workspace_id: int, name: str, entrance: Entrance
+) -> None:
+    """Keep that this delivery was judged for ``name`` (Found, or turned
+    away), past its inbox row: the first record stands."""
+    _remember(
+        session,
+        {
+            "source_id": entrance.source_id,
+            "delivery_id": entrance.delivery_id,
+            "workspace_id": workspace_id,
+            "name": name,
+            "body_sha256": entrance.body_sha256,
+            "received_at": entrance.received_at,
+            "created": False,
+        },
+    )
+
+
+def _remember(session: Session, values: dict[str, object]) -> None:
+    dialect = session.get_bind().dialect.name
+    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(
+        insert_(IdentityDelivery)
+        .values(values)
+        .on_conflict_do_nothing(
+            index_elements=[IdentityDelivery.source_id, IdentityDelivery.delivery_id]
+        )
+    )
+
+
+def _keep_the_earlier_creator(session: Session, workspace_id: int, name: str) -> None:
+    """Before a new task takes over a freed name, the delivery that created
+    the earlier one moves to identity_deliveries: it must never create again."""
+    earlier = session.execute(
+        select(
+            Identity.source_id, Identity.delivery_id, Identity.body_sha256, Identity.created_at
+        ).where(
+            Identity.workspace_id == workspace_id,
+            Identity.kind == NameKind.EXTERNAL.value,
+            Identity.name == name,
+            Identity.delivery_id.is_not(None),
+            Identity.source_id.is_not(None),
+        )
+    ).first()
+    if earlier is None:
+        return
+    _remember(
+        session,
+        {
+            "source_id": earlier.source_id,
+            "delivery_id": earlier.delivery_id,
+            "workspace_id": workspace_id,
+            "name": name,
+            "body_sha256": earlier.body_sha256 or "",
+            "received_at": earlier.created_at,
+            "created": True,
+        },
+    )
 
 
 def _retired(row: Recalled, why: str) -> Verdict:
@@ -239,6 +334,7 @@ def record_created(
     """
     now = now or utcnow()
     dialect = session.get_bind().dialect.name
+    _keep_the_earlier_creator(session, workspace_id, names.external_id)
     for name in names.all():
         taken = session.execute(
             record_statement(

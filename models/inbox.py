@@ -46,7 +46,15 @@ from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
 from models.names import NameKind
 from models.providers import PROVIDERS
 from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
-from models.tables import Delivery, Identity, Task, WebhookSource, sql_constant, utcnow
+from models.tables import (
+    Delivery,
+    Identity,
+    IdentityDelivery,
+    Task,
+    WebhookSource,
+    sql_constant,
+    utcnow,
+)
 from models.tasks import InsertFence, NewTask
 
 #: ``deliveries.origin`` of a delivery its sender posted to the ingress.
@@ -446,6 +454,17 @@ def _insert_statement(dialect: str):
         )
         .scalar_subquery()
     )
+    # ... or the body of another delivery the worker judged for an identity.
+    judged = (
+        select(func.min(IdentityDelivery.name))
+        .where(
+            IdentityDelivery.source_id == values["source_id"],
+            IdentityDelivery.body_sha256 == values["body_sha256"],
+            IdentityDelivery.delivery_id != values["delivery_id"],
+        )
+        .scalar_subquery()
+    )
+    created = func.coalesce(created, judged)
     stored_earlier = earlier.c.id.is_not(None)
     created_earlier = created.is_not(None)
     values["status"] = case(

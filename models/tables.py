@@ -236,6 +236,34 @@ class Identity(Base):
     changed_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class IdentityDelivery(Base):
+    """A delivery the worker judged for an identity (it created, was Found or
+    was turned away), kept past the inbox row's retention: a redelivery of it
+    after pruning is judged by when it first came in, and its body under
+    another id is still a replay (models/identities.py, docs/contract.md §15).
+
+    The fast path writes none: it only ever creates a name the ledger does
+    not know, and the ledger's row keeps that creator. One row per such
+    delivery, no body: a few per item.
+    """
+
+    __tablename__ = "identity_deliveries"
+    __table_args__ = (Index("ix_identity_deliveries_source_body", "source_id", "body_sha256"),)
+
+    source_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_sources.id", ondelete="CASCADE"), primary_key=True
+    )
+    delivery_id: Mapped[str] = mapped_column(ExternalIdText, primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    #: The external id the delivery named.
+    name: Mapped[str] = mapped_column(ExternalIdText)
+    body_sha256: Mapped[str] = mapped_column(String(64))
+    #: When it first came in (its first inbox row's ``received_at``).
+    received_at: Mapped[datetime]
+    #: It created a task of the identity (one since removed).
+    created: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+
+
 class IdentityPrefix(Base):
     """A repository renamed or transferred: every external id beginning with
     ``before`` is now the one beginning with ``after`` (models/identities.py)."""

@@ -46,6 +46,8 @@ from models.identities import (
     recall,
     record_created,
     remember_aliases,
+    remember_delivery,
+    seen_before,
     task_became,
     task_called,
 )
@@ -194,6 +196,8 @@ def create_task(
 
     while True:
         task = _look_up_then_insert(session, workspace, new, names, hooks, fence)
+        if isinstance(task, IdentityRetired):
+            raise task
         if isinstance(task, CreateTaskResult):
             return task  # Found: by the lookup, or by the TOCTOU backstop
         if task is not None:
@@ -235,10 +239,11 @@ def _look_up_then_insert(
     names: ItemNames | None,
     hooks: CreateHooks,
     fence: InsertFence | None,
-) -> Task | CreateTaskResult | None:
+) -> Task | CreateTaskResult | IdentityRetired | None:
     """Steps 3-5 in the insert's transaction. The new task, a Found result
-    (from the lookup, or from the backstop), or None when the identity was
-    freed again while we looked (the caller starts over)."""
+    (from the lookup, or from the backstop), the ledger's refusal (committed
+    with its record of the delivery; the caller raises it), or None when the
+    identity was freed again while we looked (the caller starts over)."""
     external_id = None if names is None else names.external_id
     stage = _Stage.LOOKUP
     try:
@@ -253,7 +258,17 @@ def _look_up_then_insert(
                 if holder is None:
                     holder = _ask_the_ledger(session, workspace.id, names, new.entrance)
                 if holder is not None:
-                    return _found(holder)
+                    if new.entrance is not None:
+                        # Kept past the inbox row: a redelivery after pruning
+                        # is judged by when this one came in.
+                        remember_delivery(
+                            session,
+                            workspace_id=workspace.id,
+                            name=names.external_id,
+                            entrance=new.entrance,
+                        )
+                    # Committed with the record above; the caller raises it.
+                    return holder if isinstance(holder, IdentityRetired) else _found(holder)
             hooks.after_lookup()
             stage = _Stage.BEFORE_INSERT
             # 4. required create-time validation: everything the create writes,
@@ -307,6 +322,8 @@ def _look_up_then_insert(
         holder = _holder_of(session, workspace.id, names.external_id) or _ask_the_ledger(
             session, workspace.id, names, new.entrance, remember=False
         )
+        if isinstance(holder, IdentityRetired):
+            raise holder from None
         if holder is not None:
             return _found(holder)
         if stage is _Stage.BEFORE_INSERT:
@@ -571,14 +588,15 @@ def _ask_the_ledger(
     entrance: Entrance | None,
     *,
     remember: bool = True,
-) -> Task | None:
-    """The task one of ``names`` still names, if the ledger knows one. Raises
+) -> Task | IdentityRetired | None:
+    """The task one of ``names`` still names, if the ledger knows one; an
     :class:`IdentityRetired` when it says this entrance may not create the
     item again; None when nothing stands in the way (docs/contract.md §15)."""
     rows = recall(session, workspace_id, names.all())
-    verdict = judge(rows, names, entrance)
+    seen = None if entrance is None or not rows else seen_before(session, entrance)
+    verdict = judge(rows, names, entrance, seen)
     if verdict.ruling is Ruling.RETIRED:
-        raise IdentityRetired(verdict.reason or "retired", verdict.task_id)
+        return IdentityRetired(verdict.reason or "retired", verdict.task_id)
     if verdict.ruling is Ruling.CREATE:
         return None
     holder = _current(session, verdict.task_id)

@@ -7,7 +7,10 @@ Create Date: 2026-12-06
 ``identities`` keeps, per workspace and name (an external id, or a
 provider's stable key), the task it named and what became of it: held,
 archived, deleted or released; and whether it is an alias (a name learned
-from a move or a merge). ``identity_prefixes`` keeps repository renames;
+from a move or a merge). ``identity_deliveries`` keeps each delivery the worker judged for an
+identity (no body: when it first came in, and its body's SHA-256), so a
+redelivery after retention is still known; ``identity_prefixes`` keeps
+repository renames;
 ``identity_merges`` audits operator merges. ``deliveries`` gains
 ``draft_stable_key`` (the ingress's reading) and ``replayed_at``.
 
@@ -61,6 +64,38 @@ def upgrade() -> None:
     )
     op.create_index("ix_identities_task_id", "identities", ["task_id"])
     op.create_index("ix_identities_source_body", "identities", ["source_id", "body_sha256"])
+    op.create_table(
+        "identity_deliveries",
+        sa.Column(
+            "source_id",
+            sa.Integer(),
+            sa.ForeignKey(
+                "webhook_sources.id",
+                ondelete="CASCADE",
+                name="fk_identity_deliveries_source_id_webhook_sources",
+            ),
+            nullable=False,
+        ),
+        sa.Column("delivery_id", _external_id_text(), nullable=False),
+        sa.Column(
+            "workspace_id",
+            sa.Integer(),
+            sa.ForeignKey(
+                "workspaces.id",
+                ondelete="CASCADE",
+                name="fk_identity_deliveries_workspace_id_workspaces",
+            ),
+            nullable=False,
+        ),
+        sa.Column("name", _external_id_text(), nullable=False),
+        sa.Column("body_sha256", sa.String(64), nullable=False),
+        sa.Column("received_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("created", sa.Boolean(), server_default=sa.text("false"), nullable=False),
+        sa.PrimaryKeyConstraint("source_id", "delivery_id", name="pk_identity_deliveries"),
+    )
+    op.create_index(
+        "ix_identity_deliveries_source_body", "identity_deliveries", ["source_id", "body_sha256"]
+    )
     op.create_table(
         "identity_prefixes",
         sa.Column(
@@ -153,6 +188,8 @@ def downgrade() -> None:
         deliveries.drop_column("draft_stable_key")
     op.drop_table("identity_merges")
     op.drop_table("identity_prefixes")
+    op.drop_index("ix_identity_deliveries_source_body", table_name="identity_deliveries")
+    op.drop_table("identity_deliveries")
     op.drop_index("ix_identities_source_body", table_name="identities")
     op.drop_index("ix_identities_task_id", table_name="identities")
     op.drop_table("identities")

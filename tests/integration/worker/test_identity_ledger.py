@@ -292,3 +292,26 @@ def test_a_single_replay_is_the_operator_s_word_and_creates_anew(store: Store):
 
     assert processed.outcome == "created"
     assert len(tasks_of(store.sessions, feed.workspace_id)) == 1
+
+
+def test_a_found_delivery_redelivered_or_resent_after_pruning_never_brings_back_a_delete(
+    store: Store,
+):
+    feed = make_feed(store.sessions)
+    _, task = _created(store, feed)
+    found = store_fixture(store.sessions, feed, "jira", JIRA_CREATED)
+    assert run(store, found).outcome == "found_settled"
+    with store.sessions() as session:
+        sent = session.get(Delivery, found)
+        delivery_id, body = sent.delivery_id, sent.body
+    _pruned(store, found)
+    _delete(store, task)
+
+    again = store_fixture(
+        store.sessions, feed, "jira", JIRA_CREATED, delivery_id=delivery_id, body=body
+    )
+    resent = store_fixture(store.sessions, feed, "jira", JIRA_CREATED, body=body)
+
+    assert "received before" in _ignored(store, again)
+    assert delivery(store.sessions, resent).status == DeliveryStatus.REPLAY.value
+    assert tasks_of(store.sessions, feed.workspace_id) == []
