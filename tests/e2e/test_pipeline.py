@@ -153,7 +153,8 @@ def test_a_burst_shares_messages_and_every_delivery_becomes_its_task(pipeline: P
     payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
 
     def post(number: int) -> httpx.Response:
-        payload_n = {**payload, "issue": {**payload["issue"], "key": f"BURST-{number}"}}
+        issue = {**payload["issue"], "key": f"BURST-{number}", "id": str(50000 + number)}
+        payload_n = {**payload, "issue": issue}
         body = json.dumps(payload_n).encode()
         return httpx.post(
             f"{pipeline.ingress.url}/webhooks/jira/e2e-jira",

@@ -69,6 +69,7 @@ from tests.support.processes import (
 )
 from tests.support.services import ThrowawayDatabase
 from tests.support.stack import Tenant, add_tenant, database_view, scaled
+from tests.support.traffic import jira_issue_id
 from worker import processing
 
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres]
@@ -428,6 +429,7 @@ def test_a_bad_identity_in_a_payload_never_becomes_a_task(
     else:
         payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
         payload["issue"]["key"] = key
+        payload["issue"]["id"] = jira_issue_id(key)
         payload["issue"]["fields"]["summary"] = title
         body = json.dumps(payload).encode()
         headers = {

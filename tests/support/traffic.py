@@ -4,6 +4,7 @@ posted concurrently to a real ingress, every answer and its time kept."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -18,11 +19,18 @@ from tests.support.deliveries import fixture, github_headers, jira_headers
 JIRA_SITE = "https://reliability.atlassian.net"
 
 
+def jira_issue_id(key: str) -> str:
+    """A numeric Jira issue id of its own for ``key``, as Jira gives every issue."""
+    return str(int(hashlib.sha256(key.encode()).hexdigest()[:12], 16))
+
+
 def jira_issue_created(key: str, *, timestamp: int | None = None, summary: str | None = None):
     """A real ``jira:issue_created`` body for issue ``key``. Two deliveries for the
     same issue differ in their millisecond ``timestamp``, as Jira's do."""
     payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
     payload["issue"]["key"] = key
+    # Its own id too: a Jira issue's id is its stable key (models/names.py).
+    payload["issue"]["id"] = jira_issue_id(key)
     payload["issue"]["fields"]["summary"] = summary or f"Issue {key}"
     payload["timestamp"] = timestamp if timestamp is not None else time.time_ns() // 1000
     return json.dumps(payload).encode()
