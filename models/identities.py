@@ -534,7 +534,9 @@ def learn_move(session: Session, *, workspace_id: int, move: Move) -> str:
             name=move.after,
             is_alias=True,
             entrance=None,
-            now=utcnow(),
+            # The old name's own time: a delivery received after its release
+            # is judged so under the new name too, whenever the move was learned.
+            now=before.changed_at,
             state=before.state,
         )
     )
