@@ -55,10 +55,13 @@ def environment(database_url: str, broker_url: str, **extra: str) -> dict[str, s
 
 
 def reset(database_url: str) -> None:
-    """Empty the inbox and the tasks (sources and workspace stay)."""
+    """Empty the inbox, the tasks and the identity ledger (sources and
+    workspace stay): a ledger left behind would know every name of the next
+    run, and send its creates down the general path."""
     with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
         connection.execute(
-            "TRUNCATE deliveries, task_sources, identity_releases, tasks RESTART IDENTITY"
+            "TRUNCATE deliveries, task_sources, identity_releases, tasks, identities, "
+            "identity_deliveries, identity_prefixes, identity_merges RESTART IDENTITY"
         )
         connection.execute("UPDATE workspaces SET task_sequence = 0")
         for table in ("bench_inbox",):
