@@ -34,6 +34,7 @@ an item's task (a redelivery after pruning brings a removed item back).
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -55,12 +56,21 @@ from models.db import session_scope
 from models.events import EventType
 from models.identities import SYNTHESIZED_ORIGIN, IdentityState
 from models.inbox import REPLAYABLE, WEBHOOK_ORIGIN, DeliveryStatus, replay
+from models.intake import NOTHING_READ, read_delivery
 from models.names import NameKind
 from models.operations import DeliveryFilter, bulk_replay, count_replayable
+from models.providers import PROVIDERS
 from models.retention import Policy, prune
 from models.tables import Delivery, Identity, Task, TaskEvent, Workspace, utcnow
 from models.tasks import archive_task, delete_task, release_external_id
-from tests.support.feeds import github_issue_body, make_feed, store_github_issue, tasks_of
+from tests.support.deliveries import fixture
+from tests.support.feeds import (
+    github_issue_body,
+    make_feed,
+    store_delivery,
+    store_github_issue,
+    tasks_of,
+)
 from tests.support.runs import Crash, crash_after_insert, expire_lease, run
 from tests.support.stores import Store
 from worker.processing import Seams
@@ -88,6 +98,34 @@ def external_id(item: int) -> str:
     return f"gh-issue/Codertocat/Hello-World#{item}"
 
 
+#: Where a transfer takes an item: another repository, another number.
+ELSEWHERE = "octo-org/elsewhere"
+
+
+def moved_id(item: int) -> str:
+    return f"gh-issue/{ELSEWHERE}#{item + 100}"
+
+
+def transfer_bodies(item: int) -> tuple[bytes, bytes]:
+    """GitHub's two deliveries of one transfer (the recorded fixtures, edited
+    to name this item): ``issues.transferred`` at the source, and
+    ``issues.opened`` at the destination naming where it came from."""
+    transferred = json.loads(fixture("github", "issues__transferred"))
+    transferred["repository"].update(full_name="Codertocat/Hello-World", name="Hello-World")
+    transferred["issue"]["number"] = item
+    transferred["changes"]["new_issue"]["number"] = item + 100
+    transferred["changes"]["new_repository"].update(full_name=ELSEWHERE, name="elsewhere")
+    opened = json.loads(fixture("github", "issues__opened_via_transfer"))
+    opened["repository"].update(full_name=ELSEWHERE, name="elsewhere", id=555)
+    opened["issue"]["number"] = item + 100
+    opened["issue"]["html_url"] = f"https://github.com/{ELSEWHERE}/issues/{item + 100}"
+    opened["changes"]["old_issue"]["number"] = item
+    opened["changes"]["old_repository"].update(
+        full_name="Codertocat/Hello-World", name="Hello-World"
+    )
+    return json.dumps(transferred).encode(), json.dumps(opened).encode()
+
+
 @dataclass
 class Sent:
     """One inbox row, as the model knows it."""
@@ -100,12 +138,26 @@ class Sent:
     first_tick: int
     #: The tick of the operator's last replay of it, if any.
     replayed_tick: int | None = None
+    #: A create that names where its item was before (an issue transferred in).
+    moved: bool = False
+    #: The external id it creates under (its item's first name, unless moved).
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = moved_id(self.item) if self.moved else external_id(self.item)
+
+    #: A delivery that creates nothing: it announces a move.
+    announces: bool = False
 
 
 @dataclass
 class Item:
     #: The tick of the last delete or release of its task; None: never removed.
     removed_tick: int | None = None
+    #: How: "delete" or "release"; and the external id its task had then.
+    removed_by: str | None = None
+    removed_name: str | None = None
     #: The task that answers to it now, as the model saw it created.
     task_id: int | None = None
     #: The delivery ids that created its tasks, over every lifetime.
@@ -115,6 +167,10 @@ class Item:
         """Whether ``sent`` may bring the item a task now (the invariant)."""
         if self.removed_tick is None:
             return True  # nothing removed: any entrance creates (or is Found)
+        if self.removed_by == "delete" and sent.name != self.removed_name:
+            # Under another name than its deleted task had: the item moved,
+            # it is not a new one (docs/contract.md §15, item 8).
+            return False
         if sent.replayed_tick is not None and sent.replayed_tick > self.removed_tick:
             return True  # an operator's decision, after the removal
         return (
@@ -139,6 +195,8 @@ class LedgerMachine(RuleBasedStateMachine):
         #: unsettled task: the only ones that may be ``processing``.
         self.in_flight: set[int] = set()
         self.tasks_seen: set[int] = set()
+        #: Every external id an item has had, to the item (a transfer adds one).
+        self.names = {external_id(item): item for item in ITEMS}
         #: The inbox rows of this workspace by status, as of the last check.
         self.statuses: dict[int, str] = {}
 
@@ -209,6 +267,47 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         self._stored(pk, Sent(item, SYNTHESIZED_ORIGIN, delivery_id, body, first_tick=self.tick))
 
+    @precondition(lambda self: any(moved_id(i) not in self.names for i in ITEMS))
+    @rule(data=st.data())
+    def transfer(self, data: st.DataObject) -> None:
+        """GitHub transfers an item to another repository: both deliveries of
+        the move are stored, for the worker to run in any order."""
+        self.tick += 1
+        item = data.draw(
+            st.sampled_from([i for i in ITEMS if moved_id(i) not in self.names]), label="item"
+        )
+        self.names[moved_id(item)] = item
+        transferred, opened = transfer_bodies(item)
+        for event_name, body, moved in (
+            ("issues.transferred", transferred, False),
+            ("issues.opened", opened, True),
+        ):
+            delivery_id = str(uuid.uuid4())
+            payload = json.loads(body)
+            reading = NOTHING_READ
+            if moved:
+                reading = read_delivery(PROVIDERS["github"], event_name, payload, None)
+            pk = store_delivery(
+                self.store.sessions,
+                self.feed.github_source_id,
+                body=body,
+                event=event_name,
+                delivery_id=delivery_id,
+                reading=reading,
+            )
+            self._stored(
+                pk,
+                Sent(
+                    item,
+                    WEBHOOK_ORIGIN,
+                    delivery_id,
+                    body,
+                    first_tick=self.tick,
+                    moved=moved,
+                    announces=not moved,
+                ),
+            )
+
     # --- the worker ---------------------------------------------------------------------
 
     def _unfinished(self) -> list[int]:
@@ -236,6 +335,9 @@ class LedgerMachine(RuleBasedStateMachine):
         sent = self.sent[pk]
         event(f"{sent.origin} delivery: {processed.status} {processed.outcome or ''}")
         item = self.items[sent.item]
+        if sent.announces:
+            assert processed.status is DeliveryStatus.IGNORED, processed  # it learns, no more
+            return
         if processed.status is DeliveryStatus.IGNORED and item.task_id is None:
             assert not item.may_be_created_by(sent), (
                 f"delivery {pk} ({sent}) may create item {sent.item} but was turned away: "
@@ -273,7 +375,9 @@ class LedgerMachine(RuleBasedStateMachine):
             holder = session.scalar(
                 select(Task).where(
                     Task.workspace_id == self.feed.workspace_id,
-                    Task.external_id == external_id(item),
+                    Task.external_id.in_(
+                        [name for name, named in self.names.items() if named == item]
+                    ),
                 )
             )
         assert holder is not None and holder.id == self.items[item].task_id, (item, holder)
@@ -282,8 +386,10 @@ class LedgerMachine(RuleBasedStateMachine):
     def _live_items(self) -> list[int]:
         return [item for item in ITEMS if self.items[item].task_id is not None]
 
-    def _removed(self, item: int) -> None:
+    def _removed(self, item: int, how: str, name: str) -> None:
         self.items[item].removed_tick = self.tick
+        self.items[item].removed_by = how
+        self.items[item].removed_name = name
         self.items[item].task_id = None
 
     @precondition(lambda self: self._live_items())
@@ -294,7 +400,7 @@ class LedgerMachine(RuleBasedStateMachine):
         holder = self._holder(item)
         with session_scope(self.store.sessions) as session:
             delete_task(session=session, caller=TRUSTED, task_id=holder.id)
-        self._removed(item)
+        self._removed(item, "delete", holder.external_id)
 
     @precondition(lambda self: self._live_items())
     @rule(data=st.data())
@@ -306,12 +412,12 @@ class LedgerMachine(RuleBasedStateMachine):
             release_external_id(
                 session=session,
                 workspace_id=self.feed.workspace_id,
-                external_id=external_id(item),
+                external_id=holder.external_id,
                 operator="ops",
                 reason="stateful",
                 expected_task_id=holder.id,
             )
-        self._removed(item)
+        self._removed(item, "release", holder.external_id)
 
     @precondition(lambda self: self._live_items())
     @rule(data=st.data())
@@ -404,15 +510,21 @@ class LedgerMachine(RuleBasedStateMachine):
             )
         self.statuses = rows
 
-        # No two tasks answer to one item, and the ledger says who does.
+        # No two tasks answer to one item, and the ledger says who does: each
+        # task's own name is live, and every live name (an alias a transfer
+        # gave, a stable key) names the one task of its item.
         holders = {task.external_id: task.id for task in tasks if task.external_id is not None}
-        by_item = Counter(task.external_id for task in tasks if task.external_id is not None)
-        assert all(n == 1 for n in by_item.values()), f"two tasks for one item: {by_item}"
+        by_item = Counter(self.names[name] for name in holders)
+        assert all(n == 1 for n in by_item.values()), f"two tasks for one item: {holders}"
+        task_of_item = {self.names[name]: task_id for name, task_id in holders.items()}
         live_names = {
             name: task_id for kind, name, task_id in live_rows if kind == NameKind.EXTERNAL
         }
-        assert live_names == holders, (
-            f"the ledger's live names {live_names} are not the tasks' {holders}"
+        assert all(live_names.get(name) == task_id for name, task_id in holders.items()), (
+            f"the ledger's live names {live_names} miss the tasks' {holders}"
+        )
+        assert all(task_of_item.get(self.names[n]) == t for n, t in live_names.items()), (
+            f"a live name names no task of its item: {live_names}, tasks {holders}"
         )
         # A stable key (models/names.py) names a task that holds its item's identity.
         assert {task_id for *_, task_id in live_rows} <= set(holders.values()), live_rows
@@ -424,7 +536,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.tasks_seen.add(task.id)
             sent = self.sent[task.created_by_delivery]
             item = self.items[sent.item]
-            assert task.external_id == external_id(sent.item), (task.external_id, sent)
+            assert self.names.get(task.external_id) == sent.item, (task.external_id, sent)
             assert item.task_id is None, f"item {sent.item} already has task {item.task_id}"
             assert item.may_be_created_by(sent), (
                 f"item {sent.item}, removed at tick {item.removed_tick}, came back as task "
