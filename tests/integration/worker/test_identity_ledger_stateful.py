@@ -3,8 +3,9 @@
 A hypothesis state machine interleaves, for three real items (GitHub issues
 1, 2 and 3 of one repository), every way a create enters and every way an
 operator removes a task: webhook creates, redeliveries of an earlier
-delivery (same id, same bytes), scan creates, the worker in any order (and
-a worker that dies between the insert and the settlement), deletes,
+delivery (same id, same bytes), scan creates, GitHub transfers (both
+deliveries of the move, for the worker to run in any order), the worker in
+any order (and a worker that dies between the insert and the settlement), deletes,
 releases, archives, single and bulk replays, and the pruning of finished
 rows. The store is real: SQLite and PostgreSQL, the fast path on and off
 (tests/integration/worker/conftest.py).
