@@ -32,11 +32,11 @@ KINDS = {
 }
 
 
-def recorded_body(provider: str, name: str) -> bytes:
-    """Fixture ``name`` as recorded, but sent now: a Jira body says when it was
-    sent, and the ingress refuses old ones."""
+def recorded_body(provider: str, name: str, sent_at: float | None = None) -> bytes:
+    """Fixture ``name`` as recorded, but sent at ``sent_at`` (now by default):
+    a Jira body says when it was sent, and the ingress refuses old ones."""
     body = (FIXTURES / provider / f"{name}.json").read_bytes()
-    return PROVIDERS[provider].with_sent_at(body, time.time())
+    return PROVIDERS[provider].with_sent_at(body, time.time() if sent_at is None else sent_at)
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,9 @@ class Template:
         return str(number).encode().join(self.parts)
 
 
-def template(kind: str) -> Template:
+def template(kind: str, sent_at: float | None = None) -> Template:
     provider, name = kind.split(":")
-    payload = json.loads(recorded_body(provider, name))
+    payload = json.loads(recorded_body(provider, name, sent_at))
     if provider == "jira":
         # Key and id both: a Jira issue's id is its stable key (models/names.py),
         # and two issues never share one.
@@ -89,8 +89,10 @@ class DeliveryFactory:
         tag: str,
         kinds: tuple[str, ...] = tuple(KINDS),
         first_number: int = 1,
+        sent_at: float | None = None,
     ) -> None:
-        self.templates = [template(kind) for kind in kinds]
+        # One send time for the run: the same index is the same bytes.
+        self.templates = [template(kind, sent_at) for kind in kinds]
         self.secret, self.sources, self.tag = secret, sources, tag
         self.first_number = first_number
 

@@ -58,6 +58,7 @@ class Run:
             sources=spec["sources"],
             tag=spec["tag"],
             first_number=spec.get("first_number", 1),
+            sent_at=spec.get("sent_at"),
         )
         order = spec.get("order")
         self.order: list[int] = order if order is not None else []

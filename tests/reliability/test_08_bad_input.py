@@ -69,7 +69,7 @@ from tests.support.processes import (
 )
 from tests.support.services import ThrowawayDatabase
 from tests.support.stack import Tenant, add_tenant, database_view, scaled
-from tests.support.traffic import jira_issue_id
+from tests.support.traffic import numeric_id
 from worker import processing
 
 pytestmark = [pytest.mark.reliability, pytest.mark.postgres]
@@ -415,6 +415,9 @@ def test_a_bad_identity_in_a_payload_never_becomes_a_task(
     if provider == "github":
         payload = json.loads(fixture("github", "issues__opened"))
         payload["repository"]["full_name"] = full_name
+        # Its own repository id too: the id and the number are the item's
+        # stable key (models/names.py), and two repositories never share one.
+        payload["repository"]["id"] = int(numeric_id(str(full_name)))
         payload["issue"]["number"] = number
         payload["issue"]["title"] = title
         body = json.dumps(payload).encode()
@@ -429,7 +432,7 @@ def test_a_bad_identity_in_a_payload_never_becomes_a_task(
     else:
         payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
         payload["issue"]["key"] = key
-        payload["issue"]["id"] = jira_issue_id(key)
+        payload["issue"]["id"] = numeric_id(key)
         payload["issue"]["fields"]["summary"] = title
         body = json.dumps(payload).encode()
         headers = {

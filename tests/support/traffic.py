@@ -19,8 +19,10 @@ from tests.support.deliveries import fixture, github_headers, jira_headers
 JIRA_SITE = "https://reliability.atlassian.net"
 
 
-def jira_issue_id(key: str) -> str:
-    """A numeric Jira issue id of its own for ``key``, as Jira gives every issue."""
+def numeric_id(key: str) -> str:
+    """A positive numeric id of its own for ``key``: a Jira issue's, a GitHub
+    repository's. Each is part of an item's stable key (models/names.py), so
+    two items built from one fixture must not share it."""
     return str(int(hashlib.sha256(key.encode()).hexdigest()[:12], 16))
 
 
@@ -30,7 +32,7 @@ def jira_issue_created(key: str, *, timestamp: int | None = None, summary: str |
     payload = json.loads(fixture("jira", "jira_issue_created__cloud"))
     payload["issue"]["key"] = key
     # Its own id too: a Jira issue's id is its stable key (models/names.py).
-    payload["issue"]["id"] = jira_issue_id(key)
+    payload["issue"]["id"] = numeric_id(key)
     payload["issue"]["fields"]["summary"] = summary or f"Issue {key}"
     payload["timestamp"] = timestamp if timestamp is not None else time.time_ns() // 1000
     return json.dumps(payload).encode()
