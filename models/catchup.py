@@ -27,6 +27,7 @@ from models.tables import (
     CatchUpSource,
     Delivery,
     Identity,
+    Task,
     WebhookSource,
     utcnow,
 )
@@ -429,6 +430,14 @@ def known_identities(*, session: Session, workspace_id: int, external_ids: list[
                     Identity.workspace_id == workspace_id,
                     Identity.kind == NameKind.EXTERNAL.value,
                     Identity.name.in_(chunk),
+                )
+            )
+        )
+        # A task's own name is on its row (models/identities.py).
+        known.update(
+            session.scalars(
+                select(Task.external_id).where(
+                    Task.workspace_id == workspace_id, Task.external_id.in_(chunk)
                 )
             )
         )

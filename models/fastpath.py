@@ -66,11 +66,10 @@ from sqlalchemy.exc import IntegrityError
 from models.errors import LeaseTakenOver
 from models.events import EventType, advance_stream, event_statement
 from models.external_id import UNICODE_WHITE_SPACE
-from models.identities import LEDGER_KEY, created_names_statement, unknown_to_the_ledger
+from models.identities import NAME_TAKEN, unknown_to_the_ledger
 from models.inbox import DeliveryStatus, Lease, claim_statement, fenced_update, finish_values
 from models.integrity import violated_unique_index
 from models.tables import (
-    EXTERNAL_ID_INDEX,
     Base,
     Delivery,
     Task,
@@ -210,9 +209,6 @@ def _claim_and_insert() -> _Statement:
             Delivery.draft_url,
             Delivery.draft_remote_key,
             Delivery.draft_stable_key,
-            Delivery.source_id,
-            Delivery.delivery_id,
-            Delivery.body_sha256,
             WebhookSource.provider,
             workspace_id,
         )
@@ -232,22 +228,13 @@ def _claim_and_insert() -> _Statement:
             description=plain.c.draft_description,
             step_id=intake.c.id,
             external_id=plain.c.external_id,
+            stable_key=plain.c.draft_stable_key,
             created_by_delivery=delivery,
             now=now,
         )
         .returning(Task.id, Task.identifier)
         .cte("inserted")
     )
-    named = created_names_statement(
-        workspace_id=plain.c.workspace_id,
-        task_id=inserted.c.id,
-        external_id=plain.c.external_id,
-        stable_key=plain.c.draft_stable_key,
-        source_id=plain.c.source_id,
-        delivery_id=plain.c.delivery_id,
-        body_sha256=plain.c.body_sha256,
-        now=now,
-    ).cte("named")
     statement = select(
         claimed.c.attempts,
         claimed.c.retries,
@@ -260,7 +247,6 @@ def _claim_and_insert() -> _Statement:
         claimed.c.draft_remote_key,
         exists(select(plain.c.created_task_id)).label("marked"),
     ).select_from(claimed.outerjoin(inserted, true()))
-    statement = statement.add_cte(named)
     return _Statement.compile(
         statement, parameters=frozenset({"delivery", "now", "lease_until", "max_lost"})
     )
@@ -327,11 +313,6 @@ def _settle_and_finish() -> _Statement:
             {"task", "external_id", "provider", "url", "remote_key", "delivery", "attempt", "now"}
         ),
     )
-
-
-#: The keys whose violation means a rival create took a name first: the
-#: tasks' external-id index, and the identity ledger's key.
-NAME_TAKEN = frozenset({EXTERNAL_ID_INDEX, LEDGER_KEY})
 
 
 class LostTheRace(Exception):
@@ -483,7 +464,6 @@ class _SQLiteStatements:
     case_facts: Any
     identifier: Any
     insert_task: Any
-    record_names: Any
     mark_created: Any
     link_source: Any
     settle: Any
@@ -515,9 +495,6 @@ def _sqlite_statements() -> _SQLiteStatements:
             Delivery.draft_url,
             Delivery.draft_remote_key,
             Delivery.draft_stable_key,
-            Delivery.source_id,
-            Delivery.delivery_id,
-            Delivery.body_sha256,
         ),
         # The plain case, step 3's lookup in it, and what its insert needs, read
         # inside the claim's write transaction: no other writer can change
@@ -538,19 +515,10 @@ def _sqlite_statements() -> _SQLiteStatements:
             description=_parameter("new_description", Task.description.type),
             step_id=_parameter("step", Task.step_id.type),
             external_id=external_id,
+            stable_key=_parameter("stable_key", Task.stable_key.type),
             created_by_delivery=_parameter("delivery", Task.created_by_delivery.type),
             now=now,
         ).returning(Task.id),
-        record_names=created_names_statement(
-            workspace_id=workspace,
-            task_id=task,
-            external_id=external_id,
-            stable_key=_parameter("stable_key", Delivery.draft_stable_key.type),
-            source_id=_parameter("source", Delivery.source_id.type),
-            delivery_id=_parameter("delivery_id", Delivery.delivery_id.type),
-            body_sha256=_parameter("body_sha256", Delivery.body_sha256.type),
-            now=now,
-        ),
         # The fence (docs/contract.md, "Fencing the create"), as
         # models.inbox.fence_create writes it on the general path.
         mark_created=fenced.values(created_task_id=task, updated_at=now),
@@ -666,23 +634,11 @@ class SQLiteFastPath:
                 "new_description": claimed.draft_description,
                 "step": facts.intake_id,
                 "identity": claimed.external_id,
+                "stable_key": claimed.draft_stable_key,
                 "delivery": delivery_pk,
                 "now": now,
             },
         ).scalar_one()
-        connection.execute(
-            sql.record_names,
-            {
-                "workspace": facts.workspace_id,
-                "task": task_id,
-                "identity": claimed.external_id,
-                "stable_key": claimed.draft_stable_key,
-                "source": claimed.source_id,
-                "delivery_id": claimed.delivery_id,
-                "body_sha256": claimed.body_sha256,
-                "now": now,
-            },
-        )
         marked = connection.execute(
             sql.mark_created,
             {"task": task_id, "delivery": delivery_pk, "attempt": lease.attempt, "now": now},

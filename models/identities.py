@@ -1,18 +1,21 @@
 """The identity ledger: what every name a workspace's task was known by has become.
 
-One row per (workspace, name), where a name is an external id or a provider's
-stable key (models.names.py): the task it named, and its state --
-held, archived, deleted or released -- written in the same transaction as
-the change that set it. It outlives delivery retention, so every entrance (a
-webhook, the catch-up, a scan, a Jira search, a replay, a redelivery after
-pruning) asks the same question of the same place, when the worker runs the
-delivery: :func:`judge`. The rules and their reasons: docs/contract.md §15,
-"The identity ledger".
+Per (workspace, name), where a name is an external id or a provider's
+stable key (models.names.py): the task it named, and its state -- held,
+archived, deleted or released. A task's own names live on its row
+(``tasks.external_id``, ``tasks.stable_key``) while it holds them, so a
+plain create writes nothing here; the ``identities`` table keeps every other
+name -- aliases, and names a task gave up -- written in the same transaction
+as the change that set it. :func:`recall` reads both as one ledger. It
+outlives delivery retention, so every entrance (a webhook, the catch-up, a
+scan, a Jira search, a replay, a redelivery after pruning) asks the same
+question of the same place, when the worker runs the delivery: :func:`judge`.
+The rules and their reasons: docs/contract.md §15, "The identity ledger".
 
-Writers: the create sequence (:func:`record_created`, and the fast path's
-statements, which only ever create names the ledger does not know), archive,
-delete and release (:func:`task_became`), the worker learning a move
-(:func:`learn_move`), and an operator's merge (models/merges.py).
+Writers: the create sequence (the task row; :func:`record_created` for the
+names a move left), archive, delete and release (:func:`task_became`), the
+worker learning a move (:func:`learn_move`), and an operator's merge
+(models/merges.py).
 """
 
 from __future__ import annotations
@@ -22,15 +25,45 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, false, func, insert, literal, or_, select, union_all, update
+from sqlalchemy import (
+    Integer,
+    and_,
+    case,
+    cast,
+    delete,
+    false,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from models.names import Move, Name, NameKind
-from models.tables import Identity, IdentityDelivery, IdentityPrefix, Task, sql_constant, utcnow
+from models.tables import (
+    EXTERNAL_ID_INDEX,
+    STABLE_KEY_INDEX,
+    Delivery,
+    Identity,
+    IdentityDelivery,
+    IdentityPrefix,
+    Task,
+    WebhookSource,
+    sql_constant,
+    utcnow,
+)
 
 #: The ledger's key, whose violation means "another create took this name".
 LEDGER_KEY = "pk_identities"
+#: The unique keys whose violation means a rival create took one of a new
+#: task's names first: the tasks' own names, and the ledger's.
+NAME_TAKEN = frozenset({EXTERNAL_ID_INDEX, STABLE_KEY_INDEX, LEDGER_KEY})
 
 
 class IdentityState(enum.StrEnum):
@@ -159,8 +192,47 @@ def recall(session: Session, workspace_id: int, names: Sequence[Name]) -> list[R
         )
         for kind, name, task_id, state, is_alias, source_id, delivery_id, changed_at in rows
     }
-    # In the order asked: the external id first, so its row decides a tie.
-    return [by_name[name] for name in dict.fromkeys(wanted) if name in by_name]
+    # In the order asked: the external id first, so its row decides a tie;
+    # a live task's own name before a row of a task that gave it up.
+    own = _own_rows(session, workspace_id, wanted)
+    return [
+        row
+        for name in dict.fromkeys(wanted)
+        for row in (own.get(name), by_name.get(name))
+        if row is not None
+    ]
+
+
+def _own_rows(session: Session, workspace_id: int, names: Sequence[Name]) -> dict[Name, Recalled]:
+    """The names in ``names`` a task holds as its own (its external id, its
+    stable key), as ledger rows: held, or archived with the task."""
+    wanted = {kind: [n.value for n in names if n.kind is kind] for kind in NameKind}
+    held = [_OWN_COLUMN[kind].in_(values) for kind, values in wanted.items() if values]
+    if not held:
+        return {}
+    found: dict[Name, Recalled] = {}
+    tasks = session.execute(
+        select(Task.id, Task.external_id, Task.stable_key, Task.archived_at, Task.created_at).where(
+            Task.workspace_id == workspace_id, or_(*held)
+        )
+    )
+    for task in tasks:
+        state = IdentityState.HELD if task.archived_at is None else IdentityState.ARCHIVED
+        for name in _own_names(task.external_id, task.stable_key):
+            if name.value in wanted[name.kind]:
+                found[name] = Recalled(
+                    name, task.id, state, False, None, None, task.archived_at or task.created_at
+                )
+    return found
+
+
+#: Where a task keeps each kind of its own name.
+_OWN_COLUMN = {NameKind.EXTERNAL: Task.external_id, NameKind.STABLE: Task.stable_key}
+
+
+def _own_names(external_id: str | None, stable_key: str | None) -> list[Name]:
+    names = [] if external_id is None else [Name.external(external_id)]
+    return names + ([] if stable_key is None else [Name.stable(stable_key)])
 
 
 def _renamed_from(session: Session, workspace_id: int, external_id: str) -> list[str]:
@@ -279,6 +351,41 @@ def _remember(session: Session, values: dict[str, object]) -> None:
     )
 
 
+def keep_creators(session: Session, delivery_pks: Sequence[int]) -> None:
+    """Of the inbox rows ``delivery_pks``, about to be deleted by retention,
+    those that created a task are kept in identity_deliveries: such a
+    delivery never creates again, nor its body under another id, whatever
+    becomes of its task (docs/contract.md §14). A task holds its own names
+    on its row with no ledger row to keep its creator meanwhile."""
+    dialect = session.get_bind().dialect.name
+    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    creators = (
+        select(
+            Delivery.source_id,
+            Delivery.delivery_id,
+            WebhookSource.workspace_id,
+            Delivery.external_id,
+            Delivery.body_sha256,
+            Delivery.received_at,
+            true(),
+        )
+        .join(WebhookSource, WebhookSource.id == Delivery.source_id)
+        .where(
+            Delivery.id.in_(delivery_pks),
+            Delivery.created_task_id.is_not(None),
+            Delivery.external_id.is_not(None),
+        )
+    )
+    columns = ["source_id", "delivery_id", "workspace_id", "name", "body_sha256"]
+    session.execute(
+        insert_(IdentityDelivery)
+        .from_select([*columns, "received_at", "created"], creators)
+        .on_conflict_do_nothing(
+            index_elements=[IdentityDelivery.source_id, IdentityDelivery.delivery_id]
+        )
+    )
+
+
 def _keep_the_earlier_creator(session: Session, workspace_id: int, name: str) -> None:
     """Before a new task takes over a freed name, the delivery that created
     the earlier one moves to identity_deliveries: it must never create again."""
@@ -326,7 +433,9 @@ def record_created(
     entrance: Entrance | None,
     now: datetime | None = None,
 ) -> bool:
-    """Record the names of a task just inserted, in the insert's transaction.
+    """Record the names of a task just inserted, in the insert's transaction,
+    besides its own (its row holds those): the ids a move it announces left,
+    as its aliases.
 
     A name the ledger holds as deleted or released is taken over; a name a
     live task answers to is not. Returns False when one was (a rival create
@@ -334,23 +443,40 @@ def record_created(
     """
     now = now or utcnow()
     dialect = session.get_bind().dialect.name
-    _keep_the_earlier_creator(session, workspace_id, names.external_id)
-    for name in names.all():
+    for old in names.moved_from:
+        if old == names.external_id:
+            continue
+        _keep_the_earlier_creator(session, workspace_id, old)
         taken = session.execute(
             record_statement(
                 dialect,
                 workspace_id=workspace_id,
                 task_id=task_id,
-                name=name,
-                is_alias=name != Name.external(names.external_id)
-                and name.kind is NameKind.EXTERNAL,
-                entrance=entrance,
+                name=Name.external(old),
+                is_alias=True,
+                creator=Creator.of(entrance),
                 now=now,
             )
         ).first()
         if taken is None:
             return False
     return True
+
+
+@dataclass(frozen=True)
+class Creator:
+    """The delivery that created a task, as a ledger row keeps it: so that
+    delivery never creates again, nor its body under another id."""
+
+    source_id: int
+    delivery_id: str
+    body_sha256: str | None
+
+    @classmethod
+    def of(cls, entrance: Entrance | None) -> Creator | None:
+        if entrance is None:
+            return None
+        return cls(entrance.source_id, entrance.delivery_id, entrance.body_sha256)
 
 
 def record_statement(
@@ -360,10 +486,11 @@ def record_statement(
     task_id: int,
     name: Name,
     is_alias: bool,
-    entrance: Entrance | None,
+    creator: Creator | None,
     now: datetime,
     state: IdentityState = IdentityState.HELD,
     merge_id: int | None = None,
+    created_at: datetime | None = None,
 ):
     """INSERT the name's row, or take over a freed one; RETURNING a row only
     when the name is now the task's."""
@@ -375,18 +502,21 @@ def record_statement(
         "task_id": task_id,
         "state": state.value,
         "is_alias": is_alias,
-        "source_id": entrance.source_id if entrance else None,
-        "delivery_id": entrance.delivery_id if entrance else None,
-        "body_sha256": entrance.body_sha256 if entrance else None,
+        "source_id": creator.source_id if creator else None,
+        "delivery_id": creator.delivery_id if creator else None,
+        "body_sha256": creator.body_sha256 if creator else None,
         "merge_id": merge_id,
-        "created_at": now,
+        "created_at": created_at or now,
         "changed_at": now,
     }
     statement = insert(Identity).values(values)
     freed = Identity.state.in_([IdentityState.DELETED.value, IdentityState.RELEASED.value])
+    set_ = {key: statement.excluded[key] for key in values}
+    # A row taken over is the new task's from its creation; the task's own row keeps its time.
+    set_["created_at"] = case((freed, statement.excluded.created_at), else_=Identity.created_at)
     return statement.on_conflict_do_update(
         index_elements=[Identity.workspace_id, Identity.kind, Identity.name],
-        set_={key: statement.excluded[key] for key in values if key != "created_at"},
+        set_=set_,
         where=or_(freed, Identity.task_id == task_id),
     ).returning(Identity.task_id)
 
@@ -409,64 +539,21 @@ def remember_aliases(
                 task_id=found.task_id,
                 name=name,
                 is_alias=True,
-                entrance=None,
+                creator=None,
                 now=utcnow(),
                 state=found.state,
             )
         )
 
 
-#: The columns :func:`created_names_statement` fills.
-_CREATED_COLUMNS = (
-    "workspace_id",
-    "kind",
-    "name",
-    "task_id",
-    "state",
-    "is_alias",
-    "source_id",
-    "delivery_id",
-    "body_sha256",
-    "created_at",
-    "changed_at",
-)
-
-
-def created_names_statement(
-    *, workspace_id, task_id, external_id, stable_key, source_id, delivery_id, body_sha256, now
-):
-    """INSERT the rows of a task the fast path created: its external id, and
-    its stable key when it has one. Each argument is an SQL expression (a
-    bound parameter, or a column of the PostgreSQL statement's CTEs). A plain
-    INSERT: the fast path takes only names the ledger does not know, so a
-    conflict is a rival create's, and rolls the create back (LostTheRace)."""
-
-    def row(kind: NameKind, name):
-        return select(
-            workspace_id,
-            sql_constant(kind.value),
-            name,
-            task_id,
-            sql_constant(IdentityState.HELD.value),
-            false(),
-            source_id,
-            delivery_id,
-            body_sha256,
-            now,
-            now,
-        )
-
-    rows = union_all(
-        row(NameKind.EXTERNAL, external_id),
-        row(NameKind.STABLE, stable_key).where(stable_key.is_not(None)),
-    )
-    return insert(Identity).from_select(list(_CREATED_COLUMNS), rows)
-
-
 def unknown_to_the_ledger(workspace_id, external_id, stable_key):
     """SQL: neither name of a create, nor a rename of its external id, is in
-    the ledger -- the fast path's share of step 3 (models.fastpath.plain_case)."""
+    the ledger -- the fast path's share of step 3 (models.fastpath.plain_case),
+    beside its lookup of the task holding the external id."""
     return and_(
+        ~select(Task.id)
+        .where(Task.workspace_id == workspace_id, Task.stable_key == stable_key)
+        .exists(),
         ~select(Identity.task_id)
         .where(
             Identity.workspace_id == workspace_id,
@@ -490,16 +577,88 @@ def unknown_to_the_ledger(workspace_id, external_id, stable_key):
     )
 
 
-def task_became(session: Session, *, task_id: int, state: IdentityState) -> None:
-    """Every live name of the task is now ``state`` (archived, deleted or
-    released): in the transaction of the change itself."""
+def task_became(
+    session: Session, *, task: Task, state: IdentityState, external_id: str | None = None
+) -> None:
+    """The task is now ``state`` (archived, deleted or released), in the
+    transaction of the change itself: its aliases follow it, and a task
+    deleted or released gives up its own names, which the ledger keeps from
+    then on. ``external_id``: the one a release has just cleared from its row."""
+    now = utcnow()
+    if state is not IdentityState.ARCHIVED:
+        give_up_own_names(
+            session, task=task, state=state, external_id=external_id or task.external_id, now=now
+        )
     live = [IdentityState.HELD.value, IdentityState.ARCHIVED.value]
     session.execute(
         update(Identity)
-        .where(Identity.task_id == task_id, Identity.state.in_(live))
-        .values(state=state.value, changed_at=utcnow())
+        .where(Identity.task_id == task.id, Identity.state.in_(live))
+        .values(state=state.value, changed_at=now)
         .execution_options(synchronize_session=False)
     )
+
+
+def give_up_own_names(
+    session: Session, *, task: Task, state: IdentityState, external_id: str | None, now: datetime
+) -> None:
+    """Write the task's own names -- ``external_id`` and its stable key --
+    into the ledger in ``state``, with the delivery that created it, and
+    clear the stable key from its row: a task deleted, released or merged
+    into another (models/merges.py) answers to them no more by its row.
+
+    A freed row of an earlier task is taken over, its creator kept first
+    (:func:`_keep_the_earlier_creator`); a name another live task answers
+    to stays that task's."""
+    creator = None
+    if task.created_by_delivery is not None:
+        row = session.execute(
+            select(Delivery.source_id, Delivery.delivery_id, Delivery.body_sha256).where(
+                Delivery.id == task.created_by_delivery
+            )
+        ).first()
+        # Gone after retention: retention kept it in identity_deliveries.
+        creator = None if row is None else Creator(*row)
+    dialect = session.get_bind().dialect.name
+    for name in _own_names(external_id, task.stable_key):
+        if name.kind is NameKind.EXTERNAL:
+            _keep_the_earlier_creator(session, task.workspace_id, name.value)
+        session.execute(
+            record_statement(
+                dialect,
+                workspace_id=task.workspace_id,
+                task_id=task.id,
+                name=name,
+                is_alias=False,
+                creator=creator,
+                now=now,
+                state=state,
+                created_at=task.created_at,
+            )
+        )
+    if task.stable_key is not None:
+        session.execute(
+            update(Task)
+            .where(Task.id == task.id)
+            .values(stable_key=None)
+            .execution_options(synchronize_session=False)
+        )
+        set_committed_value(task, "stable_key", None)
+
+
+def take_back_own_names(session: Session, *, task: Task, names: Sequence[Name]) -> None:
+    """``names`` are the task's own again (an undone merge): its row holds
+    them, so their ledger rows go. The caller has checked no other task holds them."""
+    for name in names:
+        if name.kind is NameKind.STABLE:
+            task.stable_key = name.value
+        session.execute(
+            delete(Identity).where(
+                Identity.workspace_id == task.workspace_id,
+                Identity.kind == name.kind.value,
+                Identity.name == name.value,
+                Identity.task_id == task.id,
+            )
+        )
 
 
 def learn_move(session: Session, *, workspace_id: int, move: Move) -> str:
@@ -513,10 +672,11 @@ def learn_move(session: Session, *, workspace_id: int, move: Move) -> str:
     """
     if move.prefix:
         return _learn_prefix(session, workspace_id, move)
-    (before,) = recall(session, workspace_id, [move.before]) or (None,)
+    # The first row a name recalls: a live task's own before a freed one.
+    (before, *_) = recall(session, workspace_id, [move.before]) or (None,)
     if before is None:
         return f"nothing known as {move.before.value!r}; nothing to move"
-    (after,) = recall(session, workspace_id, [move.after]) or (None,)
+    (after, *_) = recall(session, workspace_id, [move.after]) or (None,)
     if after is not None:
         if after.task_id == before.task_id:
             return f"{move.after.value!r} is already task {before.task_id}'s"
@@ -533,7 +693,7 @@ def learn_move(session: Session, *, workspace_id: int, move: Move) -> str:
             task_id=before.task_id,
             name=move.after,
             is_alias=True,
-            entrance=None,
+            creator=None,
             # The old name's own time: a delivery received after its release
             # is judged so under the new name too, whenever the move was learned.
             now=before.changed_at,
@@ -565,17 +725,11 @@ def task_called(session: Session, workspace_id: int, name: Name) -> int | None:
     """The id of the task in the workspace that answers to ``name``, or None.
 
     Every lookup surface asks this one function (docs/contract.md §15, item 9):
-    for an external id, first the task holding it -- the basic contract's own
-    lookup -- then the ledger, where a live name (held or archived) may be an
-    alias (a move's, a merge's) or a name before a learned repository rename.
-    A deleted or released name answers nothing.
+    the task holding it as its own -- the basic contract's lookup, for an
+    external id -- or the one it is a live alias of (a move's, a merge's), or
+    a name before a learned repository rename. A deleted or released name
+    answers nothing.
     """
-    if name.kind is NameKind.EXTERNAL:
-        holder = session.scalar(
-            select(Task.id).where(Task.workspace_id == workspace_id, Task.external_id == name.value)
-        )
-        if holder is not None:
-            return holder
     for row in recall(session, workspace_id, [name]):
         if row.state.live:
             return row.task_id
@@ -596,14 +750,15 @@ class NameView:
 def names_shown(session: Session, task_ids: Iterable[int]) -> dict[int, list[NameView]]:
     """:func:`names_of`, as plain values: each task's names, its own first."""
     return {
-        task_id: [NameView(row.kind, row.name, row.state, row.is_alias) for row in rows]
+        task_id: [NameView(row.kind, row.name, row.state, row.alias) for row in rows]
         for task_id, rows in names_of(session, task_ids).items()
     }
 
 
 @dataclass(frozen=True)
 class LedgerRow:
-    """One ledger row, for an operator's listing (``taskhook identities list``)."""
+    """One name of a task and what became of it: a task's own name read from
+    its row, or a row of ``identities``."""
 
     task_id: int
     kind: str
@@ -618,35 +773,81 @@ class LedgerRow:
 def list_names(
     session: Session, *, workspace_id: int | None = None, task_id: int | None = None, limit: int
 ) -> list[LedgerRow]:
-    """The ledger's rows of a workspace or of a task, by task, its own names first."""
-    query = (
-        select(Identity)
-        .order_by(Identity.task_id, Identity.is_alias, Identity.kind, Identity.name)
-        .limit(limit)
+    """The ledger's names of a workspace or of a task, by task, its own names first
+    (``taskhook identities list``)."""
+    return _ledger_rows(
+        session,
+        workspace_id=workspace_id,
+        task_ids=None if task_id is None else [task_id],
+        limit=limit,
     )
-    if workspace_id is not None:
-        query = query.where(Identity.workspace_id == workspace_id)
-    if task_id is not None:
-        query = query.where(Identity.task_id == task_id)
-    return [
-        LedgerRow(
-            row.task_id, row.kind, row.name, row.state, row.is_alias, row.merge_id, row.changed_at
-        )
-        for row in session.scalars(query)
-    ]
 
 
-def names_of(session: Session, task_ids: Iterable[int]) -> dict[int, list[Identity]]:
+def names_of(session: Session, task_ids: Iterable[int]) -> dict[int, list[LedgerRow]]:
     """Each task's names in the ledger, its own first, then its aliases."""
     ids = list(task_ids)
-    found: dict[int, list[Identity]] = {task_id: [] for task_id in ids}
-    if not ids:
-        return found
-    rows = session.scalars(
-        select(Identity)
-        .where(Identity.task_id.in_(ids))
-        .order_by(Identity.task_id, Identity.is_alias, Identity.kind, Identity.name)
-    )
-    for row in rows:
-        found[row.task_id].append(row)
+    found: dict[int, list[LedgerRow]] = {task_id: [] for task_id in ids}
+    if ids:
+        for row in _ledger_rows(session, task_ids=ids):
+            found[row.task_id].append(row)
     return found
+
+
+def _ledger_rows(
+    session: Session,
+    *,
+    workspace_id: int | None = None,
+    task_ids: list[int] | None = None,
+    limit: int | None = None,
+) -> list[LedgerRow]:
+    """The ledger as one table: the tasks' own names, and ``identities``."""
+    state = case(
+        (Task.archived_at.is_(None), literal(IdentityState.HELD.value)),
+        else_=literal(IdentityState.ARCHIVED.value),
+    )
+    parts = [
+        select(
+            Task.id.label("task_id"),
+            literal(kind.value).label("kind"),
+            column.label("name"),
+            state.label("state"),
+            false().label("alias"),
+            cast(null(), Integer).label("merge_id"),
+            func.coalesce(Task.archived_at, Task.created_at).label("changed_at"),
+        ).where(
+            column.is_not(None),
+            *([] if workspace_id is None else [Task.workspace_id == workspace_id]),
+            *([] if task_ids is None else [Task.id.in_(task_ids)]),
+        )
+        for kind, column in _OWN_COLUMN.items()
+    ]
+    parts.append(
+        select(
+            Identity.task_id,
+            Identity.kind,
+            Identity.name,
+            Identity.state,
+            Identity.is_alias.label("alias"),
+            Identity.merge_id,
+            Identity.changed_at,
+        ).where(
+            *([] if workspace_id is None else [Identity.workspace_id == workspace_id]),
+            *([] if task_ids is None else [Identity.task_id.in_(task_ids)]),
+        )
+    )
+    ledger = union_all(*parts).subquery("ledger")
+    query = select(ledger).order_by(ledger.c.task_id, ledger.c.alias, ledger.c.kind, ledger.c.name)
+    if limit is not None:
+        query = query.limit(limit)
+    return [
+        LedgerRow(
+            row.task_id,
+            row.kind,
+            row.name,
+            row.state,
+            bool(row.alias),
+            row.merge_id,
+            row.changed_at,
+        )
+        for row in session.execute(query)
+    ]

@@ -442,7 +442,8 @@ def _insert_statement(dialect: str):
         .subquery("earlier")
     )
     # ... or the body that created a task, as the identity ledger keeps it
-    # past the delivery row's retention (docs/contract.md §14).
+    # past the delivery row's retention (docs/contract.md §14): on the row of
+    # a name its task gave up, ...
     created = (
         select(func.min(Identity.name))
         .where(
@@ -454,7 +455,8 @@ def _insert_statement(dialect: str):
         )
         .scalar_subquery()
     )
-    # ... or the body of another delivery the worker judged for an identity.
+    # ... or in identity_deliveries: another delivery the worker judged for
+    # an identity, or one that created a task, kept there by retention.
     judged = (
         select(func.min(IdentityDelivery.name))
         .where(

@@ -28,8 +28,16 @@ from sqlalchemy.orm import Session
 from models.access import Caller
 from models.errors import InvalidMerge, MergeNotFound, MergeRefused, TaskNotFound
 from models.events import EventType, append_event
-from models.identities import IdentityState, NameView, names_shown
-from models.names import NameKind
+from models.identities import (
+    IdentityState,
+    LedgerRow,
+    NameView,
+    give_up_own_names,
+    names_of,
+    names_shown,
+    take_back_own_names,
+)
+from models.names import Name, NameKind
 from models.tables import Identity, IdentityMerge, Task, utcnow
 from models.tasks import MAX_OPERATOR_LENGTH, MAX_RELEASE_REASON_LENGTH, clean_release_text
 
@@ -150,15 +158,8 @@ def _task(session: Session, caller: Caller, task_id: object, *, lock: bool = Fal
     return task
 
 
-def _live_rows(session: Session, task_id: int) -> list[Identity]:
-    return list(
-        session.scalars(
-            select(Identity)
-            .where(Identity.task_id == task_id, Identity.state.in_(_LIVE))
-            .order_by(Identity.is_alias, Identity.kind, Identity.name)
-            .execution_options(populate_existing=True)
-        )
-    )
+def _live_names(session: Session, task_id: int) -> list[LedgerRow]:
+    return [row for row in names_of(session, [task_id])[task_id] if row.state in _LIVE]
 
 
 def _side(session: Session, task: Task) -> MergeSide:
@@ -174,7 +175,7 @@ def _side(session: Session, task: Task) -> MergeSide:
 
 def _checked_pair(
     session: Session, caller: Caller, into_task_id: object, from_task_id: object, *, lock: bool
-) -> tuple[Task, Task, list[Identity]]:
+) -> tuple[Task, Task, list[LedgerRow]]:
     if into_task_id == from_task_id:
         raise InvalidMerge(f"task {into_task_id} cannot be merged into itself")
     into = _task(session, caller, into_task_id, lock=lock)
@@ -190,7 +191,7 @@ def _checked_pair(
                 f"task {task.identifier}'s create has not finished (it is not settled): "
                 "wait for it, then merge"
             )
-    moving = _live_rows(session, from_.id)
+    moving = _live_names(session, from_.id)
     if not moving:
         raise MergeRefused(
             f"task {from_.identifier} answers to no name (created without an external id, "
@@ -208,7 +209,7 @@ def plan_merge(
         workspace_id=into.workspace_id,
         into=_side(session, into),
         from_=_side(session, from_),
-        moving=[NameView(row.kind, row.name, row.state, row.is_alias) for row in moving],
+        moving=[NameView(row.kind, row.name, row.state, row.alias) for row in moving],
         archives_from=from_.archived_at is None,
     )
 
@@ -237,7 +238,7 @@ def merge(
             row.kind,
             row.name,
             row.state,
-            row.is_alias,
+            row.alias,
             row.merge_id,
             settled.isoformat()
             if settled is not None
@@ -258,8 +259,17 @@ def merge(
     )
     session.add(audit)
     session.flush()
+    # Its own names move to the ledger first (its stable key leaves its row),
+    # then every live name becomes an alias of the task merged into.
+    give_up_own_names(
+        session,
+        task=from_,
+        state=IdentityState.ARCHIVED if from_.archived_at is not None else IdentityState.HELD,
+        external_id=from_.external_id,
+        now=now,
+    )
     state = IdentityState.ARCHIVED if into.archived_at is not None else IdentityState.HELD
-    for row in moving:
+    for row in _rows_named(session, into.workspace_id, moved).values():
         row.task_id, row.state, row.is_alias = into.id, state.value, True
         row.merge_id, row.changed_at = audit.id, now
     if from_.archived_at is None:
@@ -318,14 +328,15 @@ def unmerge(
                 "nothing was undone"
             )
     own = next((n for n in moved if n.settled_at is not None), None)
-    if own is not None:
+    # Its own names before the merge (not aliases): its row holds them again.
+    own_names = [Name(NameKind(n.kind), n.name) for n in moved if not n.is_alias]
+    for name in own_names:
+        column = Task.external_id if name.kind is NameKind.EXTERNAL else Task.stable_key
         holder = session.scalar(
-            select(Task.id).where(
-                Task.workspace_id == audit.workspace_id, Task.external_id == own.name
-            )
+            select(Task.id).where(Task.workspace_id == audit.workspace_id, column == name.value)
         )
         if holder is not None:
-            raise MergeRefused(f"{own.name!r} is held by task {holder} now: nothing was undone")
+            raise MergeRefused(f"{name.value!r} is held by task {holder} now: nothing was undone")
     now = utcnow()
     # The merge archived it when it was not archived: its names were held then.
     archived_by_merge = any(n.state == IdentityState.HELD.value for n in moved)
@@ -336,6 +347,8 @@ def unmerge(
     if own is not None:
         from_.external_id = own.name
         from_.external_id_settled_at = datetime.fromisoformat(own.settled_at)
+    session.flush()
+    take_back_own_names(session, task=from_, names=own_names)
     if archived_by_merge and from_.archived_at is not None:
         from_.archived_at = None
         from_.updated_at = now

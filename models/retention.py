@@ -46,6 +46,7 @@ from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from models.db import transaction
+from models.identities import keep_creators
 from models.inbox import DRAFT_COLUMNS, DeliveryStatus
 from models.settings import Settings
 from models.tables import Delivery, utcnow
@@ -273,6 +274,8 @@ def prune(
                 chosen = _choose(session, where, policy.batch)
                 if chosen:
                     sizes = {pk: size or 0 for pk, size, _ in chosen}
+                    if action == DELETE_ROW:
+                        keep_creators(session, list(sizes))
                     written = session.scalars(_write(action, where, list(sizes), now)).all()
                     done.batches += 1
                     done.body_bytes += sum(sizes[pk] for pk in written)

@@ -36,6 +36,8 @@ NAMING_CONVENTION = {
 
 #: The one unique index whose violation means "another create holds this identity".
 EXTERNAL_ID_INDEX = "uniq_tasks_external_id"
+#: The tasks' stable-key index: one task per provider's stable key, as per external id.
+STABLE_KEY_INDEX = "uniq_tasks_stable_key"
 
 #: The largest key a table holds: every id is an INTEGER column, 32 bits on
 #: PostgreSQL. A larger number names no row, on either database; passed on, it
@@ -129,6 +131,14 @@ class Task(Base):
             postgresql_where=text("external_id IS NOT NULL"),
             sqlite_where=text("external_id IS NOT NULL"),
         ),
+        Index(
+            STABLE_KEY_INDEX,
+            "workspace_id",
+            "stable_key",
+            unique=True,
+            postgresql_where=text("stable_key IS NOT NULL"),
+            sqlite_where=text("stable_key IS NOT NULL"),
+        ),
         Index("ix_tasks_step_id", "step_id"),
         # Never reuse a deleted task's id: clients and the audit trail keep ids.
         {"sqlite_autoincrement": True},
@@ -151,6 +161,10 @@ class Task(Base):
     #: The inbox delivery whose create inserted this task, if one did: only
     #: that delivery may finish this task's create after a crash.
     created_by_delivery: Mapped[int | None] = mapped_column(Integer)
+    #: The provider's stable key of the item (models/names.py), held as the
+    #: external id is: one of the task's own names, which the identity ledger
+    #: reads here while the task holds them (models/identities.py).
+    stable_key: Mapped[str | None] = mapped_column(ExternalIdText)
 
 
 class TaskSource(Base):
@@ -198,8 +212,12 @@ class Identity(Base):
     identity ledger (models/identities.py, docs/contract.md §15, "The
     identity ledger").
 
-    A row per name, never per delivery, so it is kept for as long as the
-    workspace: delivery retention never touches it. ``task_id`` is
+    A row per name that is not a live task's own: an alias (a move's, a
+    merge's), or a name whose task was deleted or released. A task's own
+    names -- ``tasks.external_id`` and ``tasks.stable_key`` -- are read from
+    its row while it holds them, and written here when it gives them up, so
+    a plain create writes no ledger row. Never per delivery, and kept for as
+    long as the workspace: delivery retention never touches it. ``task_id`` is
     deliberately not a foreign key: the row outlives a deleted task, which is
     the point.
     """

@@ -38,6 +38,7 @@ from models.errors import (
 from models.events import EventType, append_created_if_missing, append_event
 from models.external_id import normalize_external_id
 from models.identities import (
+    NAME_TAKEN,
     Entrance,
     IdentityState,
     ItemNames,
@@ -55,7 +56,6 @@ from models.integrity import violated_unique_index
 from models.names import Name
 from models.statements import insert_from_values
 from models.tables import (
-    EXTERNAL_ID_INDEX,
     Base,
     IdentityRelease,
     Task,
@@ -288,6 +288,7 @@ def _look_up_then_insert(
                     description=valid.description,
                     step_id=step.id,
                     external_id=external_id,
+                    stable_key=None if names is None else names.stable_key,
                     created_by_delivery=new.created_by_delivery,
                     now=now,
                 ).returning(Task)
@@ -311,7 +312,7 @@ def _look_up_then_insert(
             isinstance(error, _NameTaken)
             or (
                 isinstance(error, IntegrityError)
-                and violated_unique_index(error, Base.metadata) == EXTERNAL_ID_INDEX
+                and violated_unique_index(error, Base.metadata) in NAME_TAKEN
             )
         ):
             raise
@@ -465,11 +466,14 @@ def insert_task_statement(
     external_id,
     created_by_delivery,
     now,
+    stable_key=None,
     task_id=None,
 ):
     """Step 5's insert: the task row, unsettled. ``task_id`` is the id when the
     caller drew it beforehand (PostgreSQL's fast path records it on the
-    delivery in the same statement); by default the table's own."""
+    delivery in the same statement); by default the table's own.
+    ``stable_key`` is the provider's stable key, the task's other own name
+    (models/identities.py)."""
     values = {
         Task.workspace_id: workspace_id,
         Task.identifier: identifier,
@@ -477,6 +481,7 @@ def insert_task_statement(
         Task.description: description,
         Task.step_id: step_id,
         Task.external_id: external_id,
+        Task.stable_key: stable_key,
         Task.created_by_delivery: created_by_delivery,
         Task.created_at: now,
         Task.updated_at: now,
@@ -687,7 +692,7 @@ def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
         raise TaskNotFound()  # deleted since it was read
     if archived is not None:
         append_event(session=session, type=EventType.ARCHIVED, task=task)
-        task_became(session, task_id=task.id, state=IdentityState.ARCHIVED)
+        task_became(session, task=task, state=IdentityState.ARCHIVED)
     return task
 
 
@@ -703,7 +708,7 @@ def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     append_event(session=session, type=EventType.DELETED, task=task)
     # The ledger keeps the names: a scan never brings the item back
     # (docs/contract.md §15, "The identity ledger").
-    task_became(session, task_id=task.id, state=IdentityState.DELETED)
+    task_became(session, task=task, state=IdentityState.DELETED)
     session.delete(task)
     session.flush()
 
@@ -825,7 +830,7 @@ def release_external_id(
         session=session, type=EventType.IDENTITY_RELEASED, task=released, external_id=normalized
     )
     # The identity and its aliases are free together (docs/contract.md §11).
-    task_became(session, task_id=task_id, state=IdentityState.RELEASED)
+    task_became(session, task=released, state=IdentityState.RELEASED, external_id=normalized)
     audit = IdentityRelease(
         workspace_id=workspace_id,
         external_id=normalized,

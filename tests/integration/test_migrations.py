@@ -217,7 +217,7 @@ def test_0018_backfills_the_ledger_from_the_tasks_and_their_events(empty_engine:
         for statement in statements:
             connection.execute(text(statement))
     with empty_engine.begin() as connection:
-        upgrade_to_head(connection)
+        command.upgrade(alembic_config(connection), "0018")
 
     with empty_engine.connect() as connection:
         rows = connection.execute(
@@ -232,3 +232,72 @@ def test_0018_backfills_the_ledger_from_the_tasks_and_their_events(empty_engine:
         ("gh-issue/a/b#3", 3, "deleted", None, None),
         ("gh-issue/a/b#4", 4, "released", None, None),
     ]
+
+
+def test_0019_moves_live_own_names_onto_the_tasks_and_keeps_their_creators(
+    empty_engine: Engine,
+):
+    """Revision 0018 kept every name in ``identities``; from 0019 a live
+    task's own names are on its row, and the ledger keeps the rest."""
+    ledger = (
+        "INSERT INTO identities (workspace_id, kind, name, task_id, state, is_alias, "
+        "source_id, delivery_id, body_sha256, created_at, changed_at) VALUES "
+    )
+    statements = [
+        "INSERT INTO workspaces (id, slug, name, task_prefix, created_at) "
+        "VALUES (1, 'acme', 'Acme', 'ACME', CURRENT_TIMESTAMP)",
+        "INSERT INTO workflow_steps (id, workspace_id, name, position) VALUES (1, 1, 'Inbox', 0)",
+        "INSERT INTO webhook_sources (id, slug, provider, workspace_id, create_events, "
+        "created_at) VALUES (1, 'acme-github', 'github', 1, '[]', CURRENT_TIMESTAMP)",
+        "INSERT INTO tasks (id, workspace_id, identifier, title, step_id, created_at, "
+        "updated_at, external_id, external_id_settled_at, created_by_delivery) VALUES "
+        "(1, 1, 'ACME-1', 'held', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'gh-issue/a/b#1', "
+        "CURRENT_TIMESTAMP, 7)",
+        # Task 1's own names (its creator's inbox row pruned), an alias a move
+        # gave it, and a name a deleted task 3 had.
+        ledger + "(1, 'external', 'gh-issue/a/b#1', 1, 'held', false, 1, 'd-1', 'abc', "
+        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        ledger + "(1, 'stable', 'github:node-1', 1, 'held', false, 1, 'd-1', 'abc', "
+        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        ledger + "(1, 'external', 'gh-issue/a/old#1', 1, 'held', true, NULL, NULL, NULL, "
+        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        ledger + "(1, 'external', 'gh-issue/a/b#3', 3, 'deleted', false, 1, 'd-3', 'def', "
+        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+    ]
+    with empty_engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0018")
+        for statement in statements:
+            connection.execute(text(statement))
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+
+    def ledger_rows(connection) -> list[tuple]:
+        rows = connection.execute(
+            text("SELECT kind, name, task_id, state, is_alias FROM identities ORDER BY name")
+        ).all()
+        return [
+            (kind, name, task_id, state, bool(alias)) for kind, name, task_id, state, alias in rows
+        ]
+
+    with empty_engine.connect() as connection:
+        assert ledger_rows(connection) == [
+            ("external", "gh-issue/a/b#3", 3, "deleted", False),
+            ("external", "gh-issue/a/old#1", 1, "held", True),
+        ]
+        assert connection.execute(text("SELECT stable_key FROM tasks")).scalar() == "github:node-1"
+        kept = connection.execute(
+            text("SELECT delivery_id, name, body_sha256, created FROM identity_deliveries")
+        ).all()
+        assert [(d, n, b, bool(c)) for d, n, b, c in kept] == [
+            ("d-1", "gh-issue/a/b#1", "abc", True)
+        ]
+
+    with empty_engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0018")
+    with empty_engine.connect() as connection:
+        assert ledger_rows(connection) == [
+            ("external", "gh-issue/a/b#1", 1, "held", False),
+            ("external", "gh-issue/a/b#3", 3, "deleted", False),
+            ("external", "gh-issue/a/old#1", 1, "held", True),
+            ("stable", "github:node-1", 1, "held", False),
+        ]

@@ -11,10 +11,10 @@ from models.access import Caller
 from models.db import session_scope
 from models.errors import InvalidMerge, MergeNotFound, MergeRefused, TaskNotFound
 from models.events import EventType
-from models.identities import IdentityState, learn_move, names_shown, task_called
+from models.identities import IdentityState, learn_move, list_names, names_shown, task_called
 from models.merges import get_merge, list_merges, merge, plan_merge, unmerge
 from models.names import Move, Name
-from models.tables import Identity, IdentityMerge, Task, TaskEvent, utcnow
+from models.tables import IdentityMerge, Task, TaskEvent, utcnow
 from models.tasks import (
     CreateOutcome,
     NewTask,
@@ -78,18 +78,8 @@ def _unmerge(store: Store, merge_id, operator="ops", reason="merged the wrong ta
 
 def _ledger(store: Store, ws: int) -> dict[str, tuple[int, str, bool, int | None]]:
     with store.sessions() as session:
-        rows = session.execute(
-            select(
-                Identity.name,
-                Identity.task_id,
-                Identity.state,
-                Identity.is_alias,
-                Identity.merge_id,
-            ).where(Identity.workspace_id == ws)
-        ).all()
-    return {
-        name: (task_id, state, alias, merge_id) for name, task_id, state, alias, merge_id in rows
-    }
+        rows = list_names(session, workspace_id=ws, limit=10_000)
+    return {row.name: (row.task_id, row.state, row.alias, row.merge_id) for row in rows}
 
 
 def _task(store: Store, task_id: int) -> Task:

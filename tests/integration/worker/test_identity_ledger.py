@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select
+import pytest
 
 from models.access import Caller
 from models.db import session_scope
-from models.identities import IdentityState
+from models.identities import IdentityState, list_names
 from models.inbox import DeliveryStatus, replay
 from models.operations import DeliveryFilter, bulk_replay
 from models.retention import Policy, prune
@@ -58,13 +58,11 @@ def _release(store: Store, feed, task: Task) -> None:
 
 
 def _states(store: Store, feed) -> dict[str, str]:
+    """Each external id's state in the ledger; of two rows for one name (a
+    task holding it, an earlier one that gave it up), the later task's."""
     with store.sessions() as session:
-        rows = session.execute(
-            select(Identity.name, Identity.state).where(
-                Identity.workspace_id == feed.workspace_id, Identity.kind == "external"
-            )
-        ).all()
-    return dict(rows)
+        rows = list_names(session, workspace_id=feed.workspace_id, limit=10_000)
+    return {row.name: row.state for row in rows if row.kind == "external"}
 
 
 def _ignored(store: Store, pk: int) -> str:
@@ -175,14 +173,28 @@ def _pruned(store: Store, pk: int) -> None:
     assert delivery(store.sessions, pk) is None
 
 
-def test_a_redelivery_after_its_row_was_pruned_never_creates_twice(store: Store):
+def _delete_and_prune(store: Store, task: Task, pk: int, order: str) -> None:
+    """The task deleted and its creating delivery's row pruned, in ``order``:
+    pruned first, only retention's record keeps the creator."""
+    if order == "delete, then prune":
+        _delete(store, task)
+        _pruned(store, pk)
+    else:
+        _pruned(store, pk)
+        _delete(store, task)
+
+
+ORDERS = pytest.mark.parametrize("order", ["delete, then prune", "prune, then delete"])
+
+
+@ORDERS
+def test_a_redelivery_after_its_row_was_pruned_never_creates_twice(store: Store, order: str):
     feed = make_feed(store.sessions)
     first, task = _created(store, feed)
     with store.sessions() as session:
         sent = session.get(Delivery, first)
         delivery_id, body = sent.delivery_id, sent.body
-    _delete(store, task)
-    _pruned(store, first)
+    _delete_and_prune(store, task, first, order)
 
     again = store_fixture(
         store.sessions, feed, "jira", JIRA_CREATED, delivery_id=delivery_id, body=body
@@ -192,13 +204,13 @@ def test_a_redelivery_after_its_row_was_pruned_never_creates_twice(store: Store)
     assert tasks_of(store.sessions, feed.workspace_id) == []
 
 
-def test_the_same_body_under_a_new_id_after_pruning_is_still_a_replay(store: Store):
+@ORDERS
+def test_the_same_body_under_a_new_id_after_pruning_is_still_a_replay(store: Store, order: str):
     feed = make_feed(store.sessions)
     first, task = _created(store, feed)
     with store.sessions() as session:
         body = session.get(Delivery, first).body
-    _delete(store, task)
-    _pruned(store, first)
+    _delete_and_prune(store, task, first, order)
 
     resent = store_fixture(store.sessions, feed, "jira", JIRA_CREATED, body=body)
 

@@ -55,14 +55,14 @@ from sqlalchemy import select
 from models.access import Caller
 from models.db import session_scope
 from models.events import EventType
-from models.identities import SYNTHESIZED_ORIGIN, IdentityState
+from models.identities import SYNTHESIZED_ORIGIN, IdentityState, list_names
 from models.inbox import REPLAYABLE, WEBHOOK_ORIGIN, DeliveryStatus, replay
 from models.intake import NOTHING_READ, read_delivery
 from models.names import NameKind
 from models.operations import DeliveryFilter, bulk_replay, count_replayable
 from models.providers import PROVIDERS
 from models.retention import Policy, prune
-from models.tables import Delivery, Identity, Task, TaskEvent, Workspace, utcnow
+from models.tables import Delivery, Task, TaskEvent, Workspace, utcnow
 from models.tasks import archive_task, delete_task, release_external_id
 from tests.support.deliveries import fixture
 from tests.support.feeds import (
@@ -485,12 +485,11 @@ class LedgerMachine(RuleBasedStateMachine):
         workspace_id = self.feed.workspace_id
         with self.store.sessions() as session:
             tasks = session.scalars(select(Task).where(Task.workspace_id == workspace_id)).all()
-            live_rows = session.execute(
-                select(Identity.kind, Identity.name, Identity.task_id).where(
-                    Identity.workspace_id == workspace_id,
-                    Identity.state.in_([IdentityState.HELD.value, IdentityState.ARCHIVED.value]),
-                )
-            ).all()
+            live_rows = [
+                (row.kind, row.name, row.task_id)
+                for row in list_names(session, workspace_id=workspace_id, limit=1_000_000)
+                if IdentityState(row.state).live
+            ]
             created_events = Counter(
                 session.scalars(
                     select(TaskEvent.task_id).where(

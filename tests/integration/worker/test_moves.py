@@ -148,6 +148,28 @@ def test_a_deleted_task_does_not_come_back_when_its_item_is_transferred(store: S
     assert tasks_of(store.sessions, feed.workspace_id) == []
 
 
+def test_a_task_created_again_after_a_delete_moves_with_its_item(store: Store):
+    """The ledger keeps the deleted task's names and the new task holds them
+    on its row: the move finds the live one, not the deleted one."""
+    feed = make_feed(store.sessions)
+    source = feed.github_source_id
+    first = run(
+        store, deliver(store, source, "github", "issues.opened", github_opened(OLD_REPO, 1, 7))
+    )
+    with session_scope(store.sessions) as session:
+        delete_task(session=session, caller=Caller.trusted("ops"), task_id=first.task_id)
+    reopened = github_opened(OLD_REPO, 1, 7)
+    reopened["issue"]["body"] = "opened again"  # another delivery, not a replay of the first
+    again = run(store, deliver(store, source, "github", "issues.opened", reopened))
+    assert again.outcome == "created" and again.task_id != first.task_id, again
+
+    moved = twice(store, deliver(store, source, "github", "issues.transferred", transferred()))
+    opened = twice(store, deliver(store, source, "github", "issues.opened", opened_via_transfer()))
+
+    assert moved.status is DeliveryStatus.IGNORED and "alias" in moved.reason, moved
+    assert (opened.outcome, opened.task_id) == ("found_settled", again.task_id)
+
+
 def jira_created(key: str, issue_id: str) -> dict[str, Any]:
     body = payload("jira", "jira_issue_created__cloud")
     body["issue"].update(key=key, id=issue_id)
