@@ -101,25 +101,42 @@ _BLANK = "^[" + "".join(f"\\u{ord(c):04x}" for c in UNICODE_WHITE_SPACE) + "]*$"
 
 @dataclass(frozen=True)
 class _Statement:
-    """A statement compiled once for psycopg: its text, and the values of the
-    constants SQLAlchemy made parameters of (a status, a length limit)."""
+    """A statement compiled once for psycopg: its text with PostgreSQL's own
+    ``$n`` placeholders, their names in order, and the values of the
+    constants SQLAlchemy made parameters of (a status, a length limit).
+
+    Run on a :class:`psycopg.RawCursor`, which sends the text as it is.
+    psycopg rewrites a ``%(name)s`` statement into ``$n`` on every run once
+    it is longer than its cache takes (4,096 characters): the claim is, and
+    that rewrite cost the worker ~5 % of its CPU per delivery
+    (docs/performance.md §15)."""
 
     text: str
+    order: tuple[str, ...]
     constants: Mapping[str, Any]
 
     @classmethod
     def compile(cls, statement, *, parameters: frozenset[str]) -> _Statement:
-        compiled = statement.compile(dialect=postgresql.psycopg.dialect())
+        compiled = statement.compile(
+            dialect=postgresql.psycopg.dialect(paramstyle="numeric_dollar")
+        )
         constants = {
             name: value for name, value in compiled.params.items() if name not in parameters
         }
         missing = parameters - compiled.params.keys()
         if missing:
             raise RuntimeError(f"parameters the statement never reads: {sorted(missing)}")
-        return cls(str(compiled), constants)
+        return cls(str(compiled), tuple(compiled.positiontup or ()), constants)
 
-    def params(self, **values: object) -> dict[str, object]:
-        return {**self.constants, **values}
+    def params(self, **values: object) -> list[object]:
+        """The values in the statement's order: ``values`` and the constants."""
+        named = {**self.constants, **values}
+        return [named[name] for name in self.order]
+
+    def run(self, connection: psycopg.Connection, **values: object) -> tuple | None:
+        """Run it with ``values``; its one row, or None."""
+        with psycopg.RawCursor(connection) as cursor:
+            return cursor.execute(self.text, self.params(**values)).fetchone()
 
 
 def _parameter(name: str, type_=None):
@@ -214,7 +231,18 @@ def _claim_and_insert() -> _Statement:
         )
         .cte("claimed")
     )
-    plain = select(*claimed.c).where(claimed.c.created_task_id == new_task.c.id).cte("plain")
+    plain = (
+        select(
+            claimed.c.created_task_id,
+            claimed.c.workspace_id,
+            claimed.c.external_id,
+            claimed.c.draft_stable_key,
+            claimed.c.draft_title,
+            claimed.c.draft_description,
+        )
+        .where(claimed.c.created_task_id == new_task.c.id)
+        .cte("plain")
+    )
     intake = (
         intake_step_query(plain.c.workspace_id).with_only_columns(WorkflowStep.id).cte("intake")
     )
@@ -393,15 +421,14 @@ class FastPath:
         Raises :class:`LostTheRace` when a rival create won the unique index.
         """
         now = utcnow()
-        statement = _claim_and_insert()
-        params = statement.params(
-            delivery=delivery_pk,
-            now=now,
-            lease_until=now + timedelta(seconds=lease_seconds),
-            max_lost=max_lost,
-        )
         try:
-            row = self.connection.execute(statement.text, params).fetchone()
+            row = _claim_and_insert().run(
+                self.connection,
+                delivery=delivery_pk,
+                now=now,
+                lease_until=now + timedelta(seconds=lease_seconds),
+                max_lost=max_lost,
+            )
         except errors.UniqueViolation as error:
             if error.diag.constraint_name not in NAME_TAKEN:
                 raise
@@ -432,19 +459,18 @@ class FastPath:
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""
-        statement = _settle_and_finish()
-        params = statement.params(
-            task=task.id,
-            external_id=task.external_id,
-            provider=source.provider,
-            url=source.url,
-            remote_key=source.remote_key,
-            delivery=lease.delivery_pk,
-            attempt=lease.attempt,
-            now=utcnow(),
-        )
         try:
-            settled, finished = self.connection.execute(statement.text, params).fetchone()
+            settled, finished = _settle_and_finish().run(
+                self.connection,
+                task=task.id,
+                external_id=task.external_id,
+                provider=source.provider,
+                url=source.url,
+                remote_key=source.remote_key,
+                delivery=lease.delivery_pk,
+                attempt=lease.attempt,
+                now=utcnow(),
+            )
         except errors.ForeignKeyViolation:
             return Settlement.NOT_SETTLED  # the task was deleted: its source link has no row
         if not settled:
