@@ -548,12 +548,12 @@ def remember_aliases(
 
 def unknown_to_the_ledger(workspace_id, external_id, stable_key):
     """SQL: neither name of a create, nor a rename of its external id, is in
-    the ledger -- the fast path's share of step 3 (models.fastpath.plain_case),
-    beside its lookup of the task holding the external id."""
+    the ledger's ``identities`` -- the fast path's share of step 3
+    (models.fastpath.plain_case), beside its lookup of the task holding the
+    external id. A task holding the stable key is left to the tasks' unique
+    index: a move is rare, and its insert then fails as a rival's would
+    (``NAME_TAKEN``), and the general path finds that task."""
     return and_(
-        ~select(Task.id)
-        .where(Task.workspace_id == workspace_id, Task.stable_key == stable_key)
-        .exists(),
         ~select(Identity.task_id)
         .where(
             Identity.workspace_id == workspace_id,
