@@ -29,10 +29,9 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import Integer, Text, cast, exists, func, literal_column, select, true
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from models.statements import insert_from_values, sql_value
+from models.statements import dialect_insert, insert_from_values, sql_value
 from models.tables import EventStream, Task, TaskEvent, utcnow
 
 #: The PostgreSQL channel a committed append notifies, with the workspace id.
@@ -90,7 +89,7 @@ def advance_stream(dialect: str, workspace_id):
     workspace id (a third column, ``notified``, of no value): in the
     statement itself, so every path that appends an event notifies, and only
     at commit."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = dialect_insert(dialect)
     # WHERE true: SQLite reads an INSERT ... SELECT followed by ON CONFLICT
     # unambiguously only when the SELECT has a WHERE clause.
     first_position = select(

@@ -41,11 +41,11 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from models.names import Move, Name, NameKind
+from models.statements import dialect_insert
 from models.tables import (
     EXTERNAL_ID_INDEX,
     STABLE_KEY_INDEX,
@@ -341,7 +341,7 @@ def remember_delivery(
 
 def _remember(session: Session, values: dict[str, object]) -> None:
     dialect = session.get_bind().dialect.name
-    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert_ = dialect_insert(dialect)
     session.execute(
         insert_(IdentityDelivery)
         .values(values)
@@ -358,7 +358,7 @@ def keep_creators(session: Session, delivery_pks: Sequence[int]) -> None:
     becomes of its task (docs/contract.md §14). A task holds its own names
     on its row with no ledger row to keep its creator meanwhile."""
     dialect = session.get_bind().dialect.name
-    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert_ = dialect_insert(dialect)
     creators = (
         select(
             Delivery.source_id,
@@ -494,7 +494,7 @@ def record_statement(
 ):
     """INSERT the name's row, or take over a freed one; RETURNING a row only
     when the name is now the task's."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = dialect_insert(dialect)
     values = {
         "workspace_id": workspace_id,
         "kind": name.kind.value,
@@ -708,7 +708,7 @@ def _learn_prefix(session: Session, workspace_id: int, move: Move) -> str:
     # A second rename (a → b, then b → c) points c at a, where the names live.
     before = earlier.before if earlier is not None else move.before.value
     dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = dialect_insert(dialect)
     statement = insert(IdentityPrefix).values(
         workspace_id=workspace_id, after=move.after.value, before=before, learned_at=utcnow()
     )

@@ -36,7 +36,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import NoResultFound
 from sqlalchemy.orm import Session
@@ -46,6 +46,7 @@ from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
 from models.names import NameKind
 from models.providers import PROVIDERS
 from models.providers.drafts import UnsupportedContentType, UnsupportedPayload
+from models.statements import dialect_insert
 from models.tables import (
     Delivery,
     Identity,
@@ -426,7 +427,7 @@ def _insert_statement(dialect: str):
     path than the database spent on the row (docs/performance.md).
     """
     table = Delivery.__table__
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = dialect_insert(dialect)
     values = {name: bindparam(name, type_=table.c[name].type) for name in _INSERTED_COLUMNS}
     # A replay: the same body from the same source under another id
     # (ix_deliveries_source_body). Decided in the insert, on what is stored,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sqlalchemy import Insert, insert, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.sql.elements import ClauseElement
 
@@ -33,3 +34,9 @@ def insert_from_values(table: type, values: Mapping[InstrumentedAttribute, objec
     return insert(table).from_select(
         list(values), select(*(sql_value(column, value) for column, value in values.items()))
     )
+
+
+def dialect_insert(dialect: str):
+    """The dialect's own ``insert``, whose statements take ``ON CONFLICT``:
+    PostgreSQL's, or SQLite's (the only two databases taskhook runs on)."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sqlalchemy import String, cast, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,7 +53,7 @@ from models.identities import (
 )
 from models.integrity import violated_unique_index
 from models.names import Name
-from models.statements import insert_from_values
+from models.statements import dialect_insert, insert_from_values
 from models.tables import (
     Base,
     IdentityRelease,
@@ -526,7 +525,7 @@ def settle_statement(*, task_id, external_id, now):
 def link_source_statement(dialect: str, *, task_id, provider, url, remote_key, now):
     """Step 6: link the task to the item it came from; a second write for the
     task is a no-op."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = dialect_insert(dialect)
     return (
         insert(TaskSource)
         .values(task_id=task_id, provider=provider, url=url, remote_key=remote_key, created_at=now)

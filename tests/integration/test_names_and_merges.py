@@ -223,6 +223,33 @@ def test_an_undo_puts_everything_back(store: Store):
     assert undone.reason == "the Jira site migration | undone: two items after all"
 
 
+def test_a_stable_key_moves_with_the_merge_and_back_with_the_undo(store: Store):
+    """A task holds its stable key on its row: the merge writes it into the
+    ledger as the other task's alias, and the undo gives it back to the row."""
+    ws = store.workspace().id
+    into = _create(store, ws, OLD_SITE).task
+    from_ = _create(store, ws, NEW_SITE, stable_key="jira-issue:10042").task
+    key = Name.stable("jira-issue:10042")
+
+    done = _merge(store, into.id, from_.id)
+
+    assert {(n.kind, n.name) for n in done.names} == {
+        ("external", NEW_SITE),
+        ("stable", "jira-issue:10042"),
+    }
+    assert _task(store, from_.id).stable_key is None
+    assert _ledger(store, ws)["jira-issue:10042"] == (into.id, "held", True, done.id)
+    with store.sessions() as session:
+        assert task_called(session, ws, key) == into.id
+
+    _unmerge(store, done.id)
+
+    assert _task(store, from_.id).stable_key == "jira-issue:10042"
+    assert _ledger(store, ws)["jira-issue:10042"] == (from_.id, "held", False, None)
+    with store.sessions() as session:
+        assert task_called(session, ws, key) == from_.id
+
+
 def test_an_undo_leaves_a_task_archived_before_the_merge_archived(store: Store):
     ws, into, from_ = _two_tasks(store)
     with session_scope(store.sessions) as session:
