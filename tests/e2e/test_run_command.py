@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,31 @@ def run_env(tmp_path: Path, **more: str) -> dict[str, str]:
     }
 
 
+EXTERNAL_ID = "gh-issue/Codertocat/Hello-World#1"
+
+
+def readme_demo_commands() -> list[tuple[str, str]]:
+    """The README's first session with the demo (its first code block that
+    sends one): each command, and what its comment says it answers."""
+    blocks = (ROOT / "README.md").read_text().split("```")[1::2]
+    block = next(block for block in blocks if "taskhook demo send" in block)
+    found = [
+        tuple(part.strip() for part in line.split("#", 1))
+        for line in block.splitlines()
+        if line.startswith(".venv/bin/taskhook ") and "#" in line
+    ]
+    assert any("--redeliver" in command for command, _ in found), found
+    return found
+
+
+def newest_delivery_shows(command: str, env: dict[str, str], words: list[str]) -> bool:
+    """``command`` (a ``deliveries list``) shows every one of ``words`` on its newest row."""
+    listed = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()
+    return len(rows) > 1 and all(word in rows[1] for word in words)
+
+
 def wait_until_started(run: WorkerProcess, log: Path) -> None:
     def started() -> bool:
         text = log.read_text(errors="replace") if log.exists() else ""
@@ -57,40 +83,34 @@ def test_the_run_command_turns_a_posted_sample_into_a_task(tmp_path):
         # TASKHOOK_PORT alone moves the printed URLs, and the demo's posts, with it.
         assert f"http://127.0.0.1:{port}/webhooks/github/demo-github" in run.text()
 
-        sent = subprocess.run(
-            [*taskhook, "demo", "send", "github", "--json"],
+        # The README's first commands, run literally, answer what its comments say.
+        for command, says in readme_demo_commands():
+            if "deliveries list" in command:
+                words = [w for w in says.split("(")[0].split() if w != "..."]
+                wait_until(
+                    lambda command=command, words=words: newest_delivery_shows(command, env, words),
+                    timeout=60,
+                    what=f"`{command}` to show {words}",
+                    logs=[run],
+                )
+            else:
+                sent = subprocess.run(
+                    command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True
+                )
+                answer = says.rsplit(": ", 1)[1]
+                assert sent.returncode == 0, sent.stderr
+                assert re.search(rf'"status": ?"{answer}"', sent.stdout), (command, sent.stdout)
+
+        found = subprocess.run(
+            [*taskhook, "task", "lookup", "--workspace", "demo", EXTERNAL_ID, "--json"],
             cwd=ROOT,
             env=env,
             capture_output=True,
             text=True,
             timeout=30,
         )
-        assert sent.returncode == 0, sent.stderr
-        assert json.loads(sent.stdout)["status"] == 202
-
-        def task_exists():
-            found = subprocess.run(
-                [
-                    *taskhook,
-                    "task",
-                    "lookup",
-                    "--workspace",
-                    "demo",
-                    "gh-issue/Codertocat/Hello-World#1",
-                    "--json",
-                ],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            return found.returncode == 0 and json.loads(found.stdout)
-
-        found = wait_until(task_exists, timeout=60, what="the demo task", logs=[run])
-        assert found["task"]["external_id"] == "gh-issue/Codertocat/Hello-World#1"
-
-        # For a person, the same send says how to look the task up: by its external id.
+        assert json.loads(found.stdout)["task"]["identifier"] == "DEMO-1"
+        # For a person, a send says how to look the task up: by its external id.
         again = subprocess.run(
             [*taskhook, "demo", "send", "github"],
             cwd=ROOT,
@@ -100,10 +120,7 @@ def test_the_run_command_turns_a_posted_sample_into_a_task(tmp_path):
             timeout=30,
         )
         assert again.returncode == 0, again.stderr
-        assert (
-            "taskhook task lookup --workspace demo 'gh-issue/Codertocat/Hello-World#1'"
-            in again.stdout
-        )
+        assert f"taskhook task lookup --workspace demo '{EXTERNAL_ID}'" in again.stdout
     finally:
         run.stop()  # SIGTERM: honcho stops its children; then the group, by pid
 

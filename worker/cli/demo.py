@@ -10,16 +10,19 @@ import shlex
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from models.intake import read_delivery
 from models.providers import PROVIDERS
 from models.reports import list_source_summaries, list_workspaces
 from models.sources import add_source, verifying_source
-from models.tables import Workspace
+from models.tables import Delivery, Workspace
 from models.workspaces import create_workspace
 from worker.cli.output import emit_json, json_option
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
@@ -107,21 +110,43 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
 @demo.command("send")
 @click.argument("provider", type=click.Choice(sorted(SAMPLES)))
 @click.option("--source", "slug", default=None, help="Source name [demo-PROVIDER].")
+@click.option(
+    "--redeliver",
+    is_flag=True,
+    help="Send the source's last delivery again, as the provider's own redelivery does: "
+    "the same delivery id and the same bytes, answered `duplicate`.",
+)
 @json_option
 @pass_runtime
-def demo_send(runtime: CommandRuntime, provider: str, slug: str | None, as_json: bool) -> None:
+def demo_send(
+    runtime: CommandRuntime, provider: str, slug: str | None, redeliver: bool, as_json: bool
+) -> None:
     """Sign a real PROVIDER sample with the source's secret and POST it to the ingress.
 
-    Each send is a new delivery of the same issue: the first makes a task, the
-    next ones find it (deduplicated).
+    Each send is a new delivery of the same issue, with a delivery id and a
+    body of its own (the issue as it is now), as the provider sends one: the
+    first makes a task, the next ones find it (found_settled, no new task).
+    With --redeliver, the last delivery goes again unchanged, as GitHub's
+    "Redeliver" sends it: the ingress answers `duplicate`.
     """
     slug = slug or DEMO_SOURCES[provider]
     with runtime.session() as session:
         source = verifying_source(session=session, provider=provider, slug=slug)
         workspace = source and session.get(Workspace, source.workspace_id).slug
+        last = source and redeliver and _last_delivery(session, source.id)
     if source is None:
         raise Refused(f"no enabled {provider} source named {slug!r} (taskhook source list)")
-    body, headers = _sample_delivery(provider, source.secrets[-1])
+    if redeliver and not last:
+        raise Refused(f"source {slug!r} has no delivery to send again: send one first")
+    if last:
+        body, headers = (
+            last.body,
+            PROVIDERS[provider].sample_headers(
+                last.body, source.secrets[-1], event=last.event, delivery_id=last.delivery_id
+            ),
+        )
+    else:
+        body, headers = _sample_delivery(provider, source.secrets[-1])
     url = runtime.settings.webhook_url(provider, slug)
     request = urllib.request.Request(url, data=body, headers=headers)
     try:
@@ -147,15 +172,33 @@ def demo_send(runtime: CommandRuntime, provider: str, slug: str | None, as_json:
 
 def _sample_delivery(provider: str, secret: str) -> tuple[bytes, dict[str, str]]:
     """The real sample body, as its provider would send it now (a Jira body says
-    when it was sent, and the ingress refuses old ones), in the headers that
-    provider sends, signed with ``secret``."""
+    when it was sent, and the ingress refuses old ones; a GitHub body says when
+    the issue was last updated), in the headers that provider sends, signed
+    with ``secret``: two sends are two deliveries, never the same bytes twice,
+    which the ingress would answer as a ``replay``."""
     fixture, event = SAMPLES[provider]
     sample = FIXTURES / provider / f"{fixture}.json"
     if not sample.exists():
         raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
     sender = PROVIDERS[provider]
-    body = sender.with_sent_at(sample.read_bytes(), time.time())
+    now = time.time()
+    body = sender.with_sent_at(sample.read_bytes(), now)
+    if provider == "github":
+        payload = json.loads(body)
+        updated = datetime.fromtimestamp(now, UTC).isoformat(timespec="microseconds")
+        payload["issue"]["updated_at"] = updated.replace("+00:00", "Z")
+        body = json.dumps(payload, indent=2).encode()
     return body, sender.sample_headers(body, secret, event=event)
+
+
+def _last_delivery(session: Session, source_id: int) -> Delivery | None:
+    """The source's latest delivery still in the inbox with its body."""
+    return session.scalars(
+        select(Delivery)
+        .where(Delivery.source_id == source_id, Delivery.body != b"")
+        .order_by(Delivery.id.desc())
+        .limit(1)
+    ).first()
 
 
 def _external_id_of(provider: str, headers: dict[str, str], body: bytes) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support.cli import PUBLIC_URL, as_json, taskhook
+from tests.support.cli import PUBLIC_URL, as_json, refused, taskhook
 from tests.support.stores import Store
 
 
@@ -30,3 +30,14 @@ def test_demo_setup_asked_for_by_name_works_on_any_database(store: Store):
         f"{PUBLIC_URL}/webhooks/github/demo-github",
         f"{PUBLIC_URL}/webhooks/jira/demo-jira",
     ]
+
+
+def test_a_redelivery_needs_a_delivery_to_send_again(store: Store):
+    taskhook(store, "demo", "setup")
+
+    result = taskhook(store, "demo", "send", "github", "--redeliver")
+
+    assert refused(result) == (
+        "Error: source 'demo-github' has no delivery to send again: send one first"
+    )
+    assert store.scalar("SELECT count(*) FROM deliveries") == 0
