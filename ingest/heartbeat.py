@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager, suppress
 
 from ingest.runtime import IngressRuntime
 from models.db import session_scope
-from models.uptime import ingress_alive, ingress_started
+from models.uptime import ingress_alive, ingress_started, ingress_stopped
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 @asynccontextmanager
 async def beating(runtime: IngressRuntime) -> AsyncIterator[None]:
     """Record this process's start, stamp it alive every
-    ``ingress_heartbeat_seconds`` while the block runs, and once more at the
-    end. A database that cannot take the stamp (down, not yet migrated) is
+    ``ingress_heartbeat_seconds`` while the block runs, and its clean stop at
+    the end. A database that cannot take the stamp (down, not yet migrated) is
     logged and the ingress serves on: the heartbeat is a record, not a gate."""
     task = asyncio.create_task(_beat(runtime))
     try:
@@ -48,9 +48,9 @@ async def _beat(runtime: IngressRuntime) -> None:
                 log.warning("ingress heartbeat not recorded: %s", type(error).__name__)
             await asyncio.sleep(runtime.settings.ingress_heartbeat_seconds)
     except asyncio.CancelledError:
-        if beat_id is not None:
+        if beat_id is not None:  # a clean stop: the uptime ends here
             with suppress(Exception):
-                await asyncio.shield(runtime.in_store_thread(_alive, runtime, beat_id))
+                await asyncio.shield(runtime.in_store_thread(_stopped, runtime, beat_id))
         raise
 
 
@@ -62,3 +62,8 @@ def _started(runtime: IngressRuntime) -> int:
 def _alive(runtime: IngressRuntime, beat_id: int) -> None:
     with session_scope(runtime.sessions) as session:
         ingress_alive(session=session, heartbeat_id=beat_id)
+
+
+def _stopped(runtime: IngressRuntime, beat_id: int) -> None:
+    with session_scope(runtime.sessions) as session:
+        ingress_stopped(session=session, heartbeat_id=beat_id)

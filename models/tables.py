@@ -409,6 +409,9 @@ class IngressHeartbeat(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    #: When it stopped cleanly (its uptime ends there); NULL while it runs,
+    #: or when it died.
+    stopped_at: Mapped[datetime | None]
 
 
 class CatchUpRun(Base):

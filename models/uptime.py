@@ -26,10 +26,18 @@ LOOK_BACK = timedelta(days=7)
 class Window:
     start: datetime
     end: datetime
+    #: Where a catch-up reads from to cover it: ``start``, unless the
+    #: process before it died -- then its last heartbeat, since it may have
+    #: died right after it (:func:`downtime`).
+    read_from: datetime | None = None
 
     @property
     def seconds(self) -> float:
         return (self.end - self.start).total_seconds()
+
+    @property
+    def since(self) -> datetime:
+        return self.read_from or self.start
 
 
 def ingress_started(*, session: Session, host: str, pid: int) -> int:
@@ -50,29 +58,52 @@ def ingress_alive(*, session: Session, heartbeat_id: int) -> None:
     )
 
 
+def ingress_stopped(*, session: Session, heartbeat_id: int) -> None:
+    """Record a clean stop: the process's uptime ends now."""
+    now = utcnow()
+    session.execute(
+        update(IngressHeartbeat)
+        .where(IngressHeartbeat.id == heartbeat_id)
+        .values(last_seen_at=now, stopped_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def downtime(
     *, session: Session, heartbeat_seconds: float, now: datetime | None = None
 ) -> list[Window]:
     """The windows within :data:`LOOK_BACK` when no ingress process was up,
-    oldest first, from the first process ever recorded on. A process counts
-    as up until two heartbeats after its last one (one may be late); the
+    oldest first, from the first process ever recorded on. A process that
+    stopped cleanly was up until its stop; one that died counts as up until
+    two heartbeats after its last one (one may be late), and a catch-up of
+    the window after it reads from that last heartbeat (``read_from``). The
     last window is still open (ends ``now``) while none is up."""
     now = now or utcnow()
     slack = timedelta(seconds=2 * heartbeat_seconds)
     rows = session.execute(
-        select(IngressHeartbeat.started_at, IngressHeartbeat.last_seen_at)
+        select(
+            IngressHeartbeat.started_at,
+            IngressHeartbeat.last_seen_at,
+            IngressHeartbeat.stopped_at,
+        )
         .where(IngressHeartbeat.last_seen_at >= now - LOOK_BACK - slack)
         .order_by(IngressHeartbeat.started_at)
     ).all()
     windows: list[Window] = []
+    #: Up until then, and from when a catch-up must read if nothing follows.
     covered_until: datetime | None = None
-    for started_at, last_seen_at in rows:
+    read_from: datetime | None = None
+    for started_at, last_seen_at, stopped_at in rows:
         if covered_until is not None and started_at > covered_until:
-            windows.append(Window(covered_until, started_at))
-        up_until = last_seen_at + slack
-        covered_until = up_until if covered_until is None else max(covered_until, up_until)
+            windows.append(Window(covered_until, started_at, read_from))
+        if stopped_at is not None:
+            up_until, unsure_from = stopped_at, None
+        else:
+            up_until, unsure_from = last_seen_at + slack, last_seen_at
+        if covered_until is None or up_until > covered_until:
+            covered_until, read_from = up_until, unsure_from
     if covered_until is not None and covered_until < now:
-        windows.append(Window(covered_until, now))
+        windows.append(Window(covered_until, now, read_from))
     return [window for window in windows if window.end > now - LOOK_BACK]
 
 
@@ -97,7 +128,7 @@ def uncovered(*, session: Session, windows: list[Window]) -> dict[str, list[Wind
         missing = [
             window
             for window in windows
-            if not any(since <= window.start and window.end <= until for since, until in read)
+            if not any(since <= window.since and window.end <= until for since, until in read)
         ]
         if missing:
             gaps[slug] = missing

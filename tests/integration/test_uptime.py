@@ -23,9 +23,19 @@ from worker.cli import cli
 BEAT = 30.0  # seconds; a process counts as up until two beats after its last
 
 
-def up(store: Store, start, end) -> None:
+def up(store: Store, start, end, *, stopped: bool = False) -> None:
+    """A process up from ``start``, last seen at ``end``: stopped cleanly
+    then, or (by default) gone without a word."""
     with session_scope(store.sessions) as session:
-        session.add(IngressHeartbeat(host="h", pid=1, started_at=start, last_seen_at=end))
+        session.add(
+            IngressHeartbeat(
+                host="h",
+                pid=1,
+                started_at=start,
+                last_seen_at=end,
+                stopped_at=end if stopped else None,
+            )
+        )
 
 
 def test_no_heartbeat_ever_is_no_downtime(store: Store):
@@ -45,7 +55,23 @@ def test_a_stretch_no_process_covered_is_a_window_and_overlaps_are_not(store: St
     with session_scope(store.sessions) as session:
         windows = downtime(session=session, heartbeat_seconds=BEAT, now=now)
 
-    assert windows == [Window(t + timedelta(minutes=61), t + timedelta(minutes=90))]
+    # The process that died last beat at 60: a catch-up reads from there.
+    assert windows == [
+        Window(t + timedelta(minutes=61), t + timedelta(minutes=90), t + timedelta(minutes=60))
+    ]
+
+
+def test_a_clean_stop_ends_the_uptime_there(store: Store):
+    now = utcnow()
+    stop = now - timedelta(hours=2)
+    up(store, now - timedelta(hours=3), stop, stopped=True)
+    up(store, now - timedelta(hours=1), now)
+
+    with session_scope(store.sessions) as session:
+        (window,) = downtime(session=session, heartbeat_seconds=BEAT, now=now)
+
+    assert window == Window(stop, now - timedelta(hours=1))
+    assert window.since == stop
 
 
 def test_a_window_still_open_ends_now(store: Store):
@@ -79,6 +105,24 @@ def test_a_window_is_covered_only_by_a_complete_run_that_read_it_whole(store: St
     assert runs((window.start - timedelta(minutes=10), now)) == {}
 
 
+def test_after_a_process_died_a_run_covers_the_window_from_its_last_heartbeat(store: Store):
+    workspace = store.workspace()
+    source_id = a_source(store, workspace.id)
+    now = utcnow()
+    window = Window(now - timedelta(hours=2), now - timedelta(hours=1), now - timedelta(hours=3))
+
+    def read_from(since) -> dict:
+        with session_scope(store.sessions) as session:
+            session.add(
+                CatchUpRun(source_id=source_id, since=since, covered_until=now, dry_run=False)
+            )
+        with session_scope(store.sessions) as session:
+            return uncovered(session=session, windows=[window])
+
+    assert read_from(window.start) == {"acme-github": [window]}
+    assert read_from(window.since) == {}
+
+
 def test_a_running_ingress_records_its_start_and_beats(store: Store):
     settings = Settings(database_url=store.url, ingress_heartbeat_seconds=0.2)
 
@@ -89,6 +133,11 @@ def test_a_running_ingress_records_its_start_and_beats(store: Store):
 
     with TestClient(create_app(settings)):
         wait_until(beaten, timeout=10, what="a heartbeat after the start")
+
+    # A clean shutdown says so: the downtime after it starts at once.
+    with session_scope(store.sessions) as session:
+        beat = session.scalars(select(IngressHeartbeat)).one()
+        assert beat.stopped_at is not None and beat.stopped_at == beat.last_seen_at
 
 
 def test_stats_shows_a_window_no_catch_up_covered_until_one_does(store: Store):
@@ -106,7 +155,9 @@ def test_stats_shows_a_window_no_catch_up_covered_until_one_does(store: Store):
 
     shown = stats().stdout
     assert "Not caught up: acme-github -- no ingress was up from" in shown
-    assert "taskhook catch-up github --source acme-github --since" in shown
+    # The first process died: the suggested catch-up reads from its last heartbeat.
+    since = (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert f"taskhook catch-up github --source acme-github --since {since}" in shown
     (window,) = json.loads(stats("--json").stdout)["uncovered"]["acme-github"]
     assert window["end"] > window["start"]
 

@@ -593,7 +593,7 @@ def _print_gaps(missed: Gaps) -> None:
                 f"Not caught up: {source} -- no ingress was up from {format_when(window.start)} "
                 f"to {format_when(window.end)} UTC ({format_age(window.seconds)}); "
                 f"taskhook catch-up {command} --source {source} "
-                f"--since {window.start.strftime('%Y-%m-%dT%H:%M:%S')}"
+                f"--since {window.since.strftime('%Y-%m-%dT%H:%M:%S')}"
             )
 
 
