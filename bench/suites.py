@@ -40,6 +40,7 @@ from bench.processes import (
     wait_until,
 )
 from bench.prune import prune
+from bench.retries import retries
 from bench.streams import streams
 from bench.workspaces import workspaces
 from models.settings import DEFAULT_WORKER_CONCURRENCY, Settings
@@ -76,6 +77,11 @@ class Sizes:
     catchup_rounds: int
     brokers_deliveries: int
     brokers_rounds: int
+    #: bench retries: deliveries per drain, deliveries waiting for retries
+    #: beside it, rounds (the two cases taking turns).
+    retries_deliveries: int
+    retries_waiting: int
+    retries_rounds: int
     #: bench prune: rows bulk-loaded and aged, deliveries per drain, seconds
     #: per ingress run, rounds.
     prune_rows: int
@@ -139,6 +145,9 @@ SMOKE = Sizes(
     catchup_rounds=1,
     brokers_deliveries=200,
     brokers_rounds=1,
+    retries_deliveries=200,
+    retries_waiting=200,
+    retries_rounds=1,
     prune_rows=10_000,
     prune_deliveries=200,
     prune_ingress_seconds=1.0,
@@ -190,6 +199,9 @@ DEFAULT = Sizes(
     catchup_rounds=3,
     brokers_deliveries=10_000,
     brokers_rounds=3,
+    retries_deliveries=10_000,
+    retries_waiting=200,
+    retries_rounds=3,
     prune_rows=1_000_000,
     prune_deliveries=10_000,
     prune_ingress_seconds=8,
@@ -860,6 +872,7 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "sqlite": sqlite,
     "catch-up": catch_up,
     "brokers": brokers,
+    "retries": retries,
     "prune": prune,
     "messages": messages,
     "workspaces": workspaces,

@@ -15,6 +15,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
+from models.broker.connection import broker_countdown
 from models.broker.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
 from models.db import session_scope
 from worker import processing, runtime, sweeper
@@ -45,7 +46,7 @@ def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
     processing.FAILPOINTS.before_ack(int(delivery_pk))
     if processed.retry_in is not None:
         # Sent after the deferral committed; the lease holds until it is due.
-        raise self.retry(countdown=processed.retry_in)
+        raise self.retry(countdown=broker_countdown(runtime.settings(), processed.retry_in))
     return processed.as_dict()
 
 
@@ -77,7 +78,8 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
             failure = failure or processed
             continue
         if processed.retry_in is not None:
-            self.app.send_task(PROCESS_DELIVERY, args=[pk], countdown=processed.retry_in, retries=1)
+            countdown = broker_countdown(runtime.settings(), processed.retry_in)
+            self.app.send_task(PROCESS_DELIVERY, args=[pk], countdown=countdown, retries=1)
         recorded[processed.status.value if processed.status else "not_recorded"] += 1
         # This row's state has committed and the message is not acknowledged
         # yet, whatever follows: the same crash point as PROCESS_DELIVERY's.

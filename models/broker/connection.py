@@ -13,6 +13,7 @@ configuration creates the results folder (``worker.celery_app``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kombu import Exchange, Queue
@@ -22,17 +23,50 @@ from models.settings import Settings
 
 
 def broker_queues(settings: Settings) -> list[Queue]:
-    """The two queues, as every Celery app of taskhook declares them: on
-    RabbitMQ quorum queues (replicated, at-least-once; a delivery limit
-    against a message that kills its worker), elsewhere plain ones."""
-    arguments: dict[str, Any] = {}
+    """The two queues, as every Celery app of taskhook declares them.
+
+    On RabbitMQ: quorum queues (replicated, at-least-once; a delivery limit
+    against a message that kills its worker), each bound to a topic exchange
+    of its own. Topic, because Celery's native delayed delivery routes a
+    message with a countdown (a delivery's wait for a retry) through its
+    ``celery_delayed_*`` queues and back by a ``#.<queue>`` binding, which a
+    direct exchange cannot hold: Celery then hands the message to the worker
+    at once, and the worker holds it unacknowledged until it is due. The
+    exchanges are named apart from the queues (:func:`queue_exchange`),
+    because RabbitMQ refuses to redeclare an exchange with another type, and
+    a virtual host an earlier version used still has the direct ones (what
+    an older process publishes there still reaches the queue).
+
+    Elsewhere plain queues, each on a direct exchange of its name, as Celery
+    makes a queue it is not told of.
+    """
     if settings.uses_rabbitmq:
         arguments = {"x-queue-type": "quorum", "x-delivery-limit": settings.broker_delivery_limit}
+        return [
+            Queue(name, queue_exchange(name), routing_key=name, queue_arguments=arguments)
+            for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
+        ]
     return [
-        # As Celery makes a queue it is not told of: a direct exchange of its name.
-        Queue(name, Exchange(name), routing_key=name, queue_arguments=arguments or None)
-        for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
+        Queue(name, Exchange(name), routing_key=name) for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
     ]
+
+
+def queue_exchange(queue: str) -> Exchange:
+    """The topic exchange a queue is bound to on RabbitMQ (see :func:`broker_queues`)."""
+    return Exchange(f"taskhook.{queue}", type="topic")
+
+
+def broker_countdown(settings: Settings, seconds: float) -> float:
+    """The countdown to send for a wait of ``seconds``.
+
+    RabbitMQ's delayed delivery counts whole seconds, and Celery truncates
+    (and refuses a countdown under one second): rounded up, the message
+    never comes back before it is due, so no worker holds it meanwhile.
+    Elsewhere the worker holds a message with a countdown until it is due
+    (Redis and the embedded broker have no delayed delivery), to the
+    fraction.
+    """
+    return float(math.ceil(seconds)) if settings.uses_rabbitmq else seconds
 
 
 def broker_transport(settings: Settings) -> str | None:

@@ -216,3 +216,13 @@ def test_aliases(tmp_path: Path) -> None:
     for size, by_what in result["latency"].items():
         for what, stats in by_what.items():
             assert stats["p50_ms"] > 0 and stats["mean_ms"] > 0, (size, what)
+
+
+def test_retries(tmp_path: Path) -> None:
+    result = run("retries", tmp_path)
+    for case, runs in result["runs"].items():
+        for one in runs:
+            assert one["rate_per_s"] > 0, case
+    # The mechanism, not the speed: each waiting delivery's message waited in
+    # RabbitMQ's delayed-delivery queues, none in the worker.
+    assert result["goals"]["every waiting message waits in RabbitMQ"], result["runs"]

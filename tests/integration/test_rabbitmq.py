@@ -7,10 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from kombu import Connection, Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from ingest.relay import celery_publisher
-from models.broker.connection import broker_queues, broker_transport_options
+from models.broker.connection import (
+    broker_countdown,
+    broker_queues,
+    broker_transport_options,
+    queue_exchange,
+)
 from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE, PROCESS_DELIVERY
 from models.settings import Settings
 from tests.support.brokers import rabbitmq_vhost, rabbitmqctl
@@ -117,3 +123,67 @@ def test_the_consumer_timeout_is_only_rabbitmqs_concern():
     assert broker_transport_options(settings) == {"confirm_publish": True}
     redis = Settings(broker_url="redis://127.0.0.1:6379/0")
     assert {queue.queue_arguments for queue in broker_queues(redis)} == {None}
+
+
+def exchanges_of(url: str) -> dict[str, str]:
+    vhost = url.rsplit("/", 1)[1]
+    listed = rabbitmqctl("list_exchanges", "-p", vhost, "name", "type", "--no-table-headers", "-q")
+    # The default exchange's name is empty: its line starts with the tab.
+    return dict(line.split("\t") for line in listed.splitlines() if line.strip())
+
+
+def test_the_queues_are_bound_to_topic_exchanges_for_delayed_delivery(vhost_url: str):
+    # Celery's native delayed delivery brings a message back by a "#.<queue>"
+    # binding, which only a topic exchange holds (docs/runbook.md, "RabbitMQ").
+    settings = Settings(broker_url=vhost_url)
+    for queue in broker_queues(settings):
+        assert queue.exchange.type == "topic", queue
+        assert queue.exchange.name == f"taskhook.{queue.name}"
+    app = make_celery_app(settings)
+    try:
+        app.send_task(PROCESS_DELIVERY, args=[1])
+    finally:
+        app.close()
+    assert exchanges_of(vhost_url)[f"taskhook.{DELIVERIES_QUEUE}"] == "topic"
+
+
+def test_a_virtual_host_an_older_version_used_keeps_working(vhost_url: str):
+    """Before, each queue was bound to a direct exchange of its own name.
+    RabbitMQ refuses to redeclare an exchange with another type, so the topic
+    exchanges have names of their own: the new processes start on the old
+    virtual host, and what an old process still publishes reaches the queue."""
+    settings = Settings(broker_url=vhost_url)
+    with Connection(vhost_url) as connection:
+        channel = connection.default_channel
+        for new in broker_queues(settings):  # as the previous version declared them
+            Queue(
+                new.name,
+                Exchange(new.name),
+                routing_key=new.name,
+                queue_arguments=new.queue_arguments,
+            )(channel).declare()
+        # An old sender publishes to the direct exchange.
+        connection.Producer(channel).publish(
+            {"old": True}, exchange=DELIVERIES_QUEUE, routing_key=DELIVERIES_QUEUE
+        )
+    app = make_celery_app(settings)
+    try:
+        app.send_task(PROCESS_DELIVERY, args=[1])  # the new exchange, beside the old one
+    finally:
+        app.close()
+    exchanges = exchanges_of(vhost_url)
+    assert exchanges[DELIVERIES_QUEUE] == "direct"
+    assert exchanges[queue_exchange(DELIVERIES_QUEUE).name] == "topic"
+    with Connection(vhost_url) as connection:
+        declared = connection.default_channel.queue_declare(DELIVERIES_QUEUE, passive=True)
+    assert declared.message_count == 2
+
+
+@pytest.mark.parametrize(
+    ("seconds", "rabbitmq", "elsewhere"), [(0.6, 1.0, 0.6), (1.0, 1.0, 1.0), (21.5, 22.0, 21.5)]
+)
+def test_a_countdown_on_rabbitmq_is_whole_seconds_never_early(seconds, rabbitmq, elsewhere):
+    # Celery truncates a countdown to whole seconds for RabbitMQ, and refuses
+    # one under a second: rounded up, the message never comes back early.
+    assert broker_countdown(Settings(broker_url="amqp://guest:guest@h//"), seconds) == rabbitmq
+    assert broker_countdown(Settings(broker_url="redis://127.0.0.1:6379/0"), seconds) == elsewhere
