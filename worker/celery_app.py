@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from celery.utils.log import mlevel
 
 from models.broker.connection import (
@@ -149,6 +154,21 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
     app = Celery("taskhook", include=list(TASK_MODULES), set_as_current=settings is None)
     app.add_defaults(lambda: celery_config(settings or get_settings()))
     return app
+
+
+@worker_init.connect
+def _declare_every_queue(sender: Any = None, **_: object) -> None:
+    # A worker declares the queues it consumes; Celery's delayed delivery then
+    # binds every queue the app knows to its exchanges, and a queue no process
+    # declared yet (the operator's, on a fresh virtual host, when this worker
+    # takes only deliveries) would fail that step. So each worker on RabbitMQ
+    # declares them all, before its consumer starts.
+    settings = runtime.settings()
+    if not settings.uses_rabbitmq or sender is None:
+        return
+    with sender.app.connection_for_write() as connection:
+        for queue in broker_queues(settings):
+            queue(connection.default_channel).declare()
 
 
 @worker_process_init.connect

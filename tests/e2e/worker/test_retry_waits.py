@@ -16,6 +16,10 @@ first still waits -- not a timing.
 
 from __future__ import annotations
 
+import shlex
+import sys
+from pathlib import Path
+
 import pytest
 from celery import Celery
 from kombu import Connection
@@ -25,9 +29,17 @@ from sqlalchemy import select
 from models.broker.messages import PROCESS_DELIVERY
 from models.db import make_engine
 from models.tables import Delivery
+from tests.support.brokers import rabbitmq_vhost
 from tests.support.deliveries import fixture
 from tests.support.feeds import make_feed, store_delivery
-from tests.support.processes import StartWorker, finished, wait_until
+from tests.support.processes import (
+    ROOT,
+    StartWorker,
+    WorkerProcess,
+    finished,
+    wait_until,
+    worker_environment,
+)
 from tests.support.scenarios import create_by
 from tests.support.stores import Store
 
@@ -121,3 +133,32 @@ def test_a_delivery_waiting_for_a_retry_does_not_hold_the_worker(
         done = session.execute(select(Delivery.outcome).where(Delivery.id == other)).scalar_one()
     assert done == "created"
     assert "direct exchange" not in worker.text().lower(), worker.tail()
+
+
+def procfile_command(name: str) -> list[str]:
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return shlex.split(line.partition(":")[2])
+    raise AssertionError(f"no {name} line in the Procfile")
+
+
+def test_a_worker_of_one_queue_sets_delayed_delivery_up_on_a_new_virtual_host(
+    postgres_url: str, tmp_path: Path
+):
+    """The Procfile's worker takes only the deliveries queue. Celery's delayed
+    delivery binds every queue the app knows, so on a virtual host no other
+    process used yet the worker declares the operator's queue too."""
+    with rabbitmq_vhost() as fresh:
+        command = procfile_command("worker")
+        assert command[:2] == ["celery", "-A"] and "--queues" in command
+        args = [sys.executable, "-m", *command]
+        args = [arg.replace("%h", "retry-waits") for arg in args]
+        worker = WorkerProcess(
+            "one-queue", tmp_path / "worker.log", args, worker_environment(postgres_url, fresh)
+        )
+        try:
+            worker.wait_ready()
+        finally:
+            worker.stop()
+    text = worker.text()
+    assert "Failed to" not in text and "direct exchange" not in text.lower(), worker.tail()
