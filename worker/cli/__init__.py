@@ -62,7 +62,7 @@ __all__ = ["EXIT_NO_ANSWER", "cli", "main"]
 @click.group(cls=TaskhookGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    """taskhook: GitHub and Jira webhooks in, tasks out, exactly once per external id.
+    """taskhook: GitHub, GitLab and Jira webhooks in, tasks out, exactly once per external id.
 
     Settings come from TASKHOOK_ environment variables (TASKHOOK_DATABASE_URL,
     TASKHOOK_BROKER_URL, TASKHOOK_PUBLIC_URL). Every command takes --json.

@@ -86,7 +86,7 @@ def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> No
 
 @click.group()
 def deliveries() -> None:
-    """The inbox: every delivery GitHub and Jira sent."""
+    """The inbox: every delivery GitHub, GitLab and Jira sent."""
 
 
 @deliveries.command("list")
