@@ -167,7 +167,7 @@ workspace_option = click.option(
 
 @click.group()
 def task() -> None:
-    """Tasks, by the external id that made them."""
+    """Tasks: look one up by the external id that made it, or archive one."""
 
 
 @task.command("lookup")
