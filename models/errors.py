@@ -223,10 +223,22 @@ class HolderChanged(TaskStoreError):
 
     kind = ErrorKind.CONFLICT
 
-    def __init__(self, expected_task_id: int, current_task_id: int, identifier: str) -> None:
+    def __init__(
+        self,
+        expected_task_id: int,
+        current_task_id: int,
+        identifier: str,
+        expected_identifier: str | None = None,
+    ) -> None:
+        # Identifiers for people, ids for the REST routes that take them.
+        expected = (
+            f"{expected_identifier} (id {expected_task_id})"
+            if expected_identifier
+            else (str(expected_task_id))
+        )
         super().__init__(
             f"the identity is held by task {identifier} (id {current_task_id}), not by the "
-            f"expected task {expected_task_id}; nothing was released"
+            f"expected task {expected}; nothing was released"
         )
         self.expected_task_id = expected_task_id
         self.current_task_id = current_task_id

@@ -52,6 +52,7 @@ from models.tables import (
     TaskEvent,
     TaskSource,
     WebhookSource,
+    WorkflowStep,
     Workspace,
     utcnow,
 )
@@ -113,6 +114,50 @@ def list_workspaces(*, session: Session) -> list[WorkspaceSummary]:
             created_at=workspace.created_at,
         )
         for workspace, task_count, source_count in rows
+    ]
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """A workflow step, its WIP limit and the tasks in it that count against it."""
+
+    name: str
+    position: int
+    #: The step new tasks land in: the one with the lowest position.
+    intake: bool
+    wip_limit: int | None
+    #: Tasks in the step that are not archived: what the WIP limit counts.
+    tasks: int
+
+    @property
+    def full(self) -> bool:
+        return self.wip_limit is not None and self.tasks >= self.wip_limit
+
+
+def list_steps(*, session: Session, workspace_id: int) -> list[StepSummary]:
+    """The workspace's steps in order, each with its WIP limit and the
+    unarchived tasks in it (as the create's WIP admission counts them)."""
+    counted = (
+        select(Task.step_id, func.count().label("n"))
+        .where(Task.workspace_id == workspace_id, Task.archived_at.is_(None))
+        .group_by(Task.step_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(WorkflowStep, func.coalesce(counted.c.n, 0))
+        .outerjoin(counted, counted.c.step_id == WorkflowStep.id)
+        .where(WorkflowStep.workspace_id == workspace_id)
+        .order_by(WorkflowStep.position)
+    ).all()
+    return [
+        StepSummary(
+            name=step.name,
+            position=step.position,
+            intake=index == 0,
+            wip_limit=step.wip_limit,
+            tasks=count,
+        )
+        for index, (step, count) in enumerate(rows)
     ]
 
 
@@ -401,6 +446,8 @@ class TaskView:
     title: str
     #: The identity the task holds now; None once it was released.
     external_id: str | None
+    #: When its create settled. For a former holder, as its events tell: a
+    #: release clears the row's stamp, not what happened.
     settled_at: datetime | None
     archived_at: datetime | None
     created_at: datetime
@@ -409,10 +456,23 @@ class TaskView:
     #: Every name the identity ledger knows the task by, its own first, then
     #: its aliases (docs/contract.md §15, items 9 and 10).
     names: tuple[NameView, ...] = ()
+    #: When an operator released the identity from it; None for a holder.
+    released_at: datetime | None = None
 
     @property
     def settled(self) -> bool:
         return self.settled_at is not None
+
+    @property
+    def state(self) -> str:
+        """Its history in a few words: ``settled``, ``not settled, then
+        released``, ``settled, then released, archived``."""
+        parts = ["settled" if self.settled else "not settled"]
+        if self.released_at is not None:
+            parts[0] += ", then released"
+        if self.archived:
+            parts.append("archived")
+        return ", ".join(parts)
 
     @property
     def archived(self) -> bool:
@@ -450,14 +510,43 @@ class Lineage:
     #: Tasks that held it before an operator released it (oldest first).
     former_holders: list[TaskView]
     releases: list[ReleaseView]
-    #: Every delivery that touched one of these tasks (oldest first).
+    #: Every delivery that named the identity or touched one of these tasks
+    #: (oldest first).
     deliveries: list[DeliverySummary]
     #: Tasks that held it and were deleted, as their events tell (oldest first).
     deleted_holders: list[DeletedTaskView] = field(default_factory=list)
 
     @property
     def known(self) -> bool:
-        return self.holder is not None or bool(self.releases) or bool(self.deleted_holders)
+        return (
+            self.holder is not None
+            or bool(self.releases)
+            or bool(self.deleted_holders)
+            or bool(self.deliveries)
+        )
+
+    @property
+    def without_task(self) -> list[DeliverySummary]:
+        """The deliveries that named the identity and touched no task: parked,
+        dead, ignored or still waiting before any task held it."""
+        creators = {
+            task.created_by_delivery
+            for task in [self.holder, *self.former_holders]
+            if task is not None
+        }
+        return [
+            d
+            for d in self.deliveries
+            if d.task_id is None and d.created_task_id is None and d.id not in creators
+        ]
+
+    def identifier_of(self, task_id: int) -> str:
+        """The identifier (``ACME-12``) of one of its tasks; ``task N`` for a
+        task whose row is gone."""
+        for task in [self.holder, *self.former_holders]:
+            if task is not None and task.id == task_id:
+                return task.identifier
+        return f"task {task_id}"
 
     def creator_of(self, task: TaskView) -> DeliverySummary | None:
         """The delivery whose create inserted ``task``: the only one that may finish
@@ -487,9 +576,12 @@ class LineageEvent:
 def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Lineage:
     """The task answering to ``external_id`` in the workspace (holding it, or
     the task it is an alias of: ``models.identities.task_called``), the tasks that held it
-    before a release, the releases, and every delivery that touched those tasks.
+    before a release, the releases, and every delivery that named the
+    identity or touched those tasks.
 
-    A delivery touched a task when its recorded outcome names the task
+    A delivery named the identity when the ingress read it from its body
+    (``deliveries.external_id``): one parked before any task held it is in
+    the lineage too. It touched a task when its recorded outcome names the task
     (``deliveries.task_id``) or when it is the delivery whose create inserted
     the task (``tasks.created_by_delivery``) -- the second catches a create that
     died between its insert and recording its outcome, which is exactly the
@@ -529,23 +621,40 @@ def lineage(*, session: Session, workspace_slug: str, external_id: object) -> Li
     tasks = ([holder] if holder is not None else []) + former
     links = _source_urls(session, [task.id for task in tasks])
     names = names_shown(session, [task.id for task in tasks])
-    views = {task.id: _task_view(task, links.get(task.id), names[task.id]) for task in tasks}
+    settled = _settled_before_release(session, workspace.id, former)
+    released = {r.task_id: r.released_at for r in releases}
+    views = {
+        task.id: _task_view(
+            task,
+            links.get(task.id),
+            names[task.id],
+            settled_at=settled.get(task.id) if task is not holder else None,
+            released_at=released.get(task.id) if task is not holder else None,
+        )
+        for task in tasks
+    }
 
-    deliveries: list[DeliverySummary] = []
     touched_ids = list({*views, *former_ids, *(task.id for task in deleted)})
     creators = [task.created_by_delivery for task in tasks if task.created_by_delivery]
+    # Unindexed like created_task_id (the ingress's insert would pay for an
+    # index on every delivery): the one scan finds both.
+    touched = Delivery.external_id == normalized
     if touched_ids:
-        touched = or_(Delivery.task_id.in_(touched_ids), Delivery.created_task_id.in_(touched_ids))
-        if creators:
-            touched = or_(touched, Delivery.id.in_(creators))
-        deliveries = [
-            _summary(*row)
-            for row in session.execute(
-                _summary_query()
-                .where(touched, WebhookSource.workspace_id == workspace.id)
-                .order_by(Delivery.received_at, Delivery.id)
-            )
-        ]
+        touched = or_(
+            touched,
+            Delivery.task_id.in_(touched_ids),
+            Delivery.created_task_id.in_(touched_ids),
+        )
+    if creators:
+        touched = or_(touched, Delivery.id.in_(creators))
+    deliveries = [
+        _summary(*row)
+        for row in session.execute(
+            _summary_query()
+            .where(touched, WebhookSource.workspace_id == workspace.id)
+            .order_by(Delivery.received_at, Delivery.id)
+        )
+    ]
     return Lineage(
         workspace_id=workspace.id,
         workspace=workspace.slug,
@@ -591,6 +700,47 @@ def _deleted_holders(
     ]
 
 
+def _settled_before_release(
+    session: Session, workspace_id: int, released: Sequence[Task]
+) -> dict[int, datetime]:
+    """When each released task's create settled, as its events tell; a task
+    released before its create settled is left out.
+
+    A settled create appends ``task.created`` with its settlement, stamped with
+    that moment. A release of an unsettled task appends it late, in the
+    release's own transaction -- so at the position just before its
+    ``task.identity_released`` -- stamped with the task's creation
+    (``models.events.append_created_if_missing``): that one says nothing was
+    settled."""
+    if not released:
+        return {}
+    rows = session.execute(
+        select(TaskEvent.task_id, TaskEvent.type, TaskEvent.position, TaskEvent.occurred_at)
+        .where(
+            TaskEvent.workspace_id == workspace_id,
+            TaskEvent.task_id.in_([task.id for task in released]),
+            TaskEvent.type.in_([EventType.CREATED.value, EventType.IDENTITY_RELEASED.value]),
+        )
+        .order_by(TaskEvent.position)
+    ).all()
+    created: dict[int, tuple[int, datetime]] = {}
+    released_at: dict[int, int] = {}
+    for task_id, kind, position, at in rows:
+        if kind == EventType.CREATED.value:
+            created.setdefault(task_id, (position, at))
+        else:
+            released_at.setdefault(task_id, position)
+    settled = {}
+    for task in released:
+        if task.id not in created:
+            continue
+        position, at = created[task.id]
+        appended_by_release = released_at.get(task.id) == position + 1 and at == task.created_at
+        if not appended_by_release:
+            settled[task.id] = at
+    return settled
+
+
 def _source_urls(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
     if not task_ids:
         return {}
@@ -601,18 +751,28 @@ def _source_urls(session: Session, task_ids: Sequence[int]) -> dict[int, str]:
     )
 
 
-def _task_view(task: Task, source_url: str | None, names: list[NameView]) -> TaskView:
+def _task_view(
+    task: Task,
+    source_url: str | None,
+    names: list[NameView],
+    *,
+    settled_at: datetime | None = None,
+    released_at: datetime | None = None,
+) -> TaskView:
+    """The task as a lineage shows it; a former holder's ``settled_at`` and
+    ``released_at`` come from its history (its row's stamp is gone)."""
     return TaskView(
         id=task.id,
         identifier=task.identifier,
         title=task.title,
         external_id=task.external_id,
-        settled_at=task.external_id_settled_at,
+        settled_at=task.external_id_settled_at or settled_at,
         archived_at=task.archived_at,
         created_at=task.created_at,
         created_by_delivery=task.created_by_delivery,
         source_url=source_url,
         names=tuple(names),
+        released_at=released_at,
     )
 
 
@@ -673,7 +833,7 @@ def timeline(found: Lineage) -> list[LineageEvent]:
         add(gone.created_at, 1, f"task {gone.id} created", "deleted since; its row is gone")
         add(gone.deleted_at, 3, f"task {gone.id} deleted", "the identity was free again")
     for release in found.releases:
-        who = names.get(release.task_id, f"task {release.task_id}")
+        who = found.identifier_of(release.task_id)
         add(
             release.released_at,
             3,

@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, description="The port the ingress listens on.")
     public_url: str = Field(
         default="",
-        description="Where GitHub and Jira reach the ingress; used to print webhook URLs. "
+        description="Where GitHub, GitLab and Jira reach the ingress; used to print webhook URLs. "
         "Unset, it is the ingress's own address: http://HOST:PORT (127.0.0.1 for a "
         "wildcard host).",
     )

@@ -821,7 +821,13 @@ def release_external_id(
         holder = _holder_of(session, workspace_id, normalized)
         if holder is None:
             raise TaskNotFound()
-        raise HolderChanged(expected_task_id, holder.id, holder.identifier)
+        expected = session.get(Task, expected_task_id) if expected_task_id is not None else None
+        raise HolderChanged(
+            expected_task_id,
+            holder.id,
+            holder.identifier,
+            expected.identifier if expected is not None else None,
+        )
     released = session.get(Task, task_id, populate_existing=True)
     # The row is locked by the UPDATE, so no settlement can commit meanwhile.
     append_created_if_missing(session=session, task=released, external_id=normalized)

@@ -83,3 +83,42 @@ def create_workspace(
         )
     session.flush()
     return workspace
+
+
+def find_step(*, session: Session, workspace_id: int, step_name: str | None) -> WorkflowStep:
+    """The workspace's step named ``step_name``; None: its intake step, where
+    new tasks land. Raises :class:`InvalidWorkspace`, naming the steps there
+    are, for a step the workspace does not have."""
+    steps = list(
+        session.scalars(
+            select(WorkflowStep)
+            .where(WorkflowStep.workspace_id == workspace_id)
+            .order_by(WorkflowStep.position)
+        )
+    )
+    if not steps:
+        raise InvalidWorkspace(f"workspace {workspace_id} has no workflow steps")
+    if step_name is None:
+        return steps[0]
+    step = next((s for s in steps if s.name == step_name), None)
+    if step is None:
+        names = ", ".join(repr(s.name) for s in steps)
+        raise InvalidWorkspace(f"no step {step_name!r} in the workspace (its steps: {names})")
+    return step
+
+
+def set_wip_limit(
+    *, session: Session, workspace_id: int, step_name: str | None, wip_limit: int | None
+) -> WorkflowStep:
+    """Set the WIP limit of the workspace's step named ``step_name`` (None: its
+    intake step); ``wip_limit`` None removes the limit.
+
+    Tasks already in the step stay: a lower limit only stops new ones until
+    enough are archived or moved on. Raises :class:`InvalidWorkspace` for a
+    negative limit or a step the workspace does not have."""
+    if wip_limit is not None and wip_limit < 0:
+        raise InvalidWorkspace("a WIP limit cannot be negative")
+    step = find_step(session=session, workspace_id=workspace_id, step_name=step_name)
+    step.wip_limit = wip_limit
+    session.flush()
+    return step

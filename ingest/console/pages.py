@@ -417,7 +417,7 @@ def delivery(request: Request, user: User, delivery_id: int) -> HTMLResponse:
         body, headers = session.execute(
             select(Delivery.body, Delivery.headers).where(Delivery.id == delivery_id)
         ).one()
-        events = []
+        found, events = None, []
         if detail.summary.external_id:
             found = lineage(
                 session=session,
@@ -435,6 +435,7 @@ def delivery(request: Request, user: User, delivery_id: int) -> HTMLResponse:
             "headers": redacted_headers(headers or {}),
             "body": _pretty(body or b""),
             "timeline": events,
+            "found": found,
         }
 
     context = read(request, work)

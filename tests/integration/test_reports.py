@@ -234,6 +234,78 @@ def test_lineage_after_a_release_keeps_the_former_holder_and_the_audit(store: St
     assert [d.delivery_id for d in again.deliveries_of(new_task)] == ["d-2"]
 
 
+def test_lineage_after_a_release_keeps_the_former_holders_settlement(store: Store):
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    settled_task = create_by(store, acme.id, a_delivery(store, source_id, "d-1"))
+    release(store, acme.id)
+    unsettled_task = create_by(
+        store, acme.id, a_delivery(store, source_id, "d-2"), crash_before_settle=True
+    )
+    release(store, acme.id)
+
+    found = lineage_of(store)
+
+    settled, unsettled = found.former_holders
+    assert (settled.id, unsettled.id) == (settled_task, unsettled_task)
+    # The release cleared the row's stamp; the history still says it settled.
+    assert settled.settled and settled.settled_at >= settled.created_at
+    assert settled.released_at == found.releases[0].released_at
+    assert settled.state == "settled, then released"
+    # Released before its create settled: the late task.created says nothing else.
+    assert not unsettled.settled
+    assert unsettled.state == "not settled, then released"
+    assert [event.what for event in timeline(found)] == [
+        "delivery 1 received",
+        "task ACME-1 created",
+        "task ACME-1 settled",
+        "delivery 1 done",
+        "identity released from ACME-1",
+        "delivery 2 received",
+        "task ACME-2 created",
+        "delivery 2 processing",
+        "identity released from ACME-2",
+    ]
+
+
+def test_lineage_shows_the_deliveries_that_named_an_identity_no_task_ever_held(store: Store):
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    parked = a_delivery(store, source_id, "d-1", external_id=EXTERNAL_ID)
+    settle_as(
+        store,
+        parked,
+        DeliveryStatus.NEEDS_OPERATOR,
+        reason="workspace 1: step 'Inbox' is at its WIP limit of 0",
+    )
+    waiting = a_delivery(store, source_id, "d-2", external_id=EXTERNAL_ID)
+    a_delivery(store, source_id, "d-other", external_id="gh-issue/acme/api#13")
+    beta = store.workspace("beta", "BETA")
+    a_delivery(store, a_source(store, beta.id, "beta-github"), "d-1", external_id=EXTERNAL_ID)
+
+    found = lineage_of(store)
+
+    assert found.known and found.holder is None
+    assert [(d.id, d.delivery_id, d.status) for d in found.without_task] == [
+        (parked, "d-1", "needs_operator"),
+        (waiting, "d-2", "queued"),
+    ]
+    assert found.deliveries == found.without_task
+    assert [event.what for event in timeline(found)] == [
+        f"delivery {parked} received",
+        f"delivery {parked} needs_operator",
+        f"delivery {waiting} received",
+        f"delivery {waiting} queued",
+    ]
+
+    # Once a task holds it, the parked delivery is still in its lineage, apart.
+    holder = create_by(store, acme.id, waiting)
+    again = lineage_of(store)
+    assert again.holder.id == holder
+    assert [d.id for d in again.deliveries] == [parked, waiting]
+    assert [d.id for d in again.without_task] == [parked]
+
+
 def test_lineage_shows_a_holder_deleted_before_it_settled_and_the_deliveries_that_touched_it(
     store: Store,
 ):

@@ -44,8 +44,14 @@ def a_source(store: Store, workspace_id: int, slug: str = "acme-github") -> int:
 
 
 def a_delivery(
-    store: Store, source_id: int, delivery_id: str, headers: dict[str, str] | None = None
+    store: Store,
+    source_id: int,
+    delivery_id: str,
+    headers: dict[str, str] | None = None,
+    *,
+    external_id: str | None = None,
 ) -> int:
+    """A queued delivery; ``external_id`` is what the ingress read from its body."""
     incoming = IncomingDelivery(
         source_id=source_id,
         delivery_id=delivery_id,
@@ -55,6 +61,7 @@ def a_delivery(
         action="opened",
         headers=headers or {"X-GitHub-Event": "issues", "User-Agent": "GitHub-Hookshot/abc"},
         content_type="application/json",
+        external_id=external_id,
     )
     with session_scope(store.sessions) as session:
         return record_delivery(session=session, incoming=incoming).pk

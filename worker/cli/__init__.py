@@ -23,16 +23,16 @@ Secrets are printed exactly once -- when ``taskhook`` generates one -- and
 never listed.
 
 Layout: ``runtime`` (settings, engine, sessions, the Celery app hook; the
-errors and the root group's error translation), ``output`` (``--json``, tables, fields),
-``prompts`` (a confirmation, and what no answer means), and one
-module per command group: ``db``, ``workspaces``, ``sources``, ``tasks`` (task
-lookup, explain, release), ``identities`` (the names tasks answer to, and
-operator merges), ``deliveries`` (list, show, replay, replay-matching,
-stats), ``operations`` (the history of bulk replays),
-``catchup`` (recover deliveries from a provider's delivery log), ``tokens``,
-``demo`` (a workspace to try, signed samples to send it), ``mcp`` (the MCP
-server on stdio), ``start`` (the Procfile's processes, as ``scripts/run``
-starts them).
+errors and the root group's error translation), ``output`` (``--json``,
+tables, fields), ``prompts`` (a confirmation, and what no answer means), and
+one module per command group: ``db``, ``workspaces`` (add, list, the steps'
+WIP limits), ``sources``, ``tasks`` (task lookup, task archive, explain,
+release), ``identities`` (the names tasks answer to, and operator merges),
+``deliveries`` (list, show, replay, replay-matching, stats), ``operations``
+(the history of bulk replays), ``catchup`` (recover deliveries from a
+provider's delivery log), ``tokens``, ``demo`` (a workspace to try, signed
+samples to send it), ``mcp`` (the MCP server on stdio), ``start`` (the
+Procfile's processes, as ``scripts/run`` starts them).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ __all__ = ["EXIT_NO_ANSWER", "cli", "main"]
 @click.group(cls=TaskhookGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    """taskhook: GitHub and Jira webhooks in, tasks out, exactly once per external id.
+    """taskhook: GitHub, GitLab and Jira webhooks in, tasks out, exactly once per external id.
 
     Settings come from TASKHOOK_ environment variables (TASKHOOK_DATABASE_URL,
     TASKHOOK_BROKER_URL, TASKHOOK_PUBLIC_URL). Every command takes --json.

@@ -44,7 +44,7 @@ from worker.cli.prompts import confirmed, someone_can_answer
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 
 
-def _reason(delivery: DeliverySummary) -> str | None:
+def delivery_reason(delivery: DeliverySummary) -> str | None:
     """Why the delivery is in its state; for a dead one, also the error it died of."""
     if delivery.status != DeliveryStatus.DEAD:
         return delivery.status_reason
@@ -76,7 +76,7 @@ def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> No
                 d.outcome,
                 d.task_identifier or d.task_id,
                 d.external_id,
-                _reason(d),
+                delivery_reason(d),
             )
             for d in deliveries
         ),
@@ -86,7 +86,7 @@ def print_deliveries(deliveries: Sequence[DeliverySummary], *, empty: str) -> No
 
 @click.group()
 def deliveries() -> None:
-    """The inbox: every delivery GitHub and Jira sent."""
+    """The inbox: every delivery GitHub, GitLab and Jira sent."""
 
 
 @deliveries.command("list")

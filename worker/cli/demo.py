@@ -29,14 +29,18 @@ from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
 #: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
-#: The providers the demo sends samples of (GitHub and Jira; any other provider's
-#: sources work all the same, the demo just has no sample of theirs): the fixture
-#: sent, and the event it is a delivery of.
+#: The providers the demo sends samples of (every provider taskhook has): the
+#: fixture sent, and the event it is a delivery of.
 SAMPLES = {
     "github": ("issues__opened", "issues.opened"),
+    "gitlab": ("issue_hook__open", "Issue Hook.open"),
     "jira": ("jira_issue_created__cloud", "jira:issue_created"),
 }
-DEMO_SOURCES = {"github": "demo-github", "jira": "demo-jira"}
+DEMO_SOURCES = {"github": "demo-github", "gitlab": "demo-gitlab", "jira": "demo-jira"}
+#: Where a sample body says when its item was last updated: set to the time of
+#: each send, so that two sends are two bodies (a Jira body says when it was
+#: sent instead: ``Provider.with_sent_at``).
+UPDATED_AT = {"github": ("issue", "updated_at"), "gitlab": ("object_attributes", "updated_at")}
 
 
 @click.group()
@@ -54,7 +58,8 @@ def demo() -> None:
 @json_option
 @pass_runtime
 def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> None:
-    """Create workspace demo with a GitHub and a Jira source, unless any workspace exists."""
+    """Create workspace demo with a GitHub, a GitLab and a Jira source, unless
+    any workspace exists."""
     if embedded_only and make_url(runtime.settings.database_url).get_backend_name() != "sqlite":
         if as_json:
             emit_json({"created": False, "sources": []})
@@ -77,6 +82,14 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
                 slug=DEMO_SOURCES["github"],
                 secret=secrets.token_urlsafe(32),
                 create_events=["issues.opened", "pull_request.opened"],
+            )
+            add_source(
+                session=session,
+                provider="gitlab",
+                workspace_id=workspace.id,
+                slug=DEMO_SOURCES["gitlab"],
+                secret=secrets.token_urlsafe(32),
+                create_events=["Issue Hook.open", "Merge Request Hook.open"],
             )
             add_source(
                 session=session,
@@ -104,7 +117,10 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
     click.echo("==> demo workspace created" if created else "==> existing workspaces kept")
     for slug, provider, url in sources:
         click.echo(f"    {provider:6} {slug:20} {url}")
-    click.echo("==> send a signed sample delivery: .venv/bin/taskhook demo send github|jira")
+    click.echo(
+        "==> send a signed sample delivery: .venv/bin/taskhook demo send "
+        + "|".join(sorted(SAMPLES))
+    )
 
 
 @demo.command("send")
@@ -121,7 +137,8 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
 def demo_send(
     runtime: CommandRuntime, provider: str, slug: str | None, redeliver: bool, as_json: bool
 ) -> None:
-    """Sign a real PROVIDER sample with the source's secret and POST it to the ingress.
+    """Sign a real PROVIDER sample (github, gitlab, jira) with the source's
+    secret and POST it to the ingress.
 
     Each send is a new delivery of the same issue, with a delivery id and a
     body of its own (the issue as it is now), as the provider sends one: the
@@ -172,10 +189,10 @@ def demo_send(
 
 def _sample_delivery(provider: str, secret: str) -> tuple[bytes, dict[str, str]]:
     """The real sample body, as its provider would send it now (a Jira body says
-    when it was sent, and the ingress refuses old ones; a GitHub body says when
-    the issue was last updated), in the headers that provider sends, signed
-    with ``secret``: two sends are two deliveries, never the same bytes twice,
-    which the ingress would answer as a ``replay``."""
+    when it was sent, and the ingress refuses old ones; a GitHub or GitLab body
+    says when the item was last updated), in the headers that provider sends,
+    signed with ``secret`` (GitLab: carrying it): two sends are two deliveries,
+    never the same bytes twice, which the ingress would answer as a ``replay``."""
     fixture, event = SAMPLES[provider]
     sample = FIXTURES / provider / f"{fixture}.json"
     if not sample.exists():
@@ -183,10 +200,11 @@ def _sample_delivery(provider: str, secret: str) -> tuple[bytes, dict[str, str]]
     sender = PROVIDERS[provider]
     now = time.time()
     body = sender.with_sent_at(sample.read_bytes(), now)
-    if provider == "github":
+    if provider in UPDATED_AT:
+        item, field = UPDATED_AT[provider]
         payload = json.loads(body)
         updated = datetime.fromtimestamp(now, UTC).isoformat(timespec="microseconds")
-        payload["issue"]["updated_at"] = updated.replace("+00:00", "Z")
+        payload[item][field] = updated.replace("+00:00", "Z")
         body = json.dumps(payload, indent=2).encode()
     return body, sender.sample_headers(body, secret, event=event)
 

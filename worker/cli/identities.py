@@ -245,7 +245,7 @@ def identities_merge(
         emit_json(_merge_json(done))
         return
     click.echo(
-        f"Merged task {done.from_task_id} into task {done.into_task_id}: merge {done.id}, "
+        f"Merged {plan.from_.identifier} into {plan.into.identifier}: merge {done.id}, "
         f"operator {done.operator}. Undo: taskhook identities unmerge {done.id} --reason TEXT"
     )
 
@@ -269,10 +269,12 @@ def identities_unmerge(
         undone = unmerge(
             session=session, caller=OPERATOR, merge_id=merge_id, operator=operator, reason=reason
         )
+        back = session.get(Task, undone.from_task_id)
+        owner = back.identifier if back is not None else f"task {undone.from_task_id}"
     if as_json:
         emit_json(_merge_json(undone))
         return
     click.echo(
-        f"Undid merge {undone.id}: {', '.join(n.name for n in undone.names)} are task "
-        f"{undone.from_task_id}'s again; operator {operator}."
+        f"Undid merge {undone.id}: {', '.join(n.name for n in undone.names)} are "
+        f"{owner}'s again; operator {operator}."
     )

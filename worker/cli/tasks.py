@@ -1,4 +1,5 @@
-"""Tasks and identities: ``taskhook task lookup``, ``explain`` and ``release``."""
+"""Tasks and identities: ``taskhook task lookup``, ``task archive``, ``explain`` and
+``release``."""
 
 from __future__ import annotations
 
@@ -13,17 +14,20 @@ from datetime import datetime
 from typing import Any
 
 import click
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from models.access import Caller
 from models.broker.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
 from models.inbox import DeliveryStatus
-from models.reports import Lineage, TaskView, lineage, task_named, timeline
-from models.tables import utcnow
-from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
+from models.reports import Lineage, TaskView, get_workspace, lineage, task_named, timeline
+from models.tables import MAX_ROW_ID, Task, WorkflowStep, utcnow
+from models.tasks import MAX_RELEASE_REASON_LENGTH, archive_task, clean_release_text
 
 # The module itself, for the load_celery_app hook: looked up at call time, so
 # that replacing ``worker.cli.runtime.load_celery_app`` (as the tests do) takes effect here.
 from worker.cli import runtime as cli_runtime
-from worker.cli.deliveries import print_deliveries
+from worker.cli.deliveries import delivery_reason, print_deliveries
 from worker.cli.identities import describe_names
 from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
 from worker.cli.params import checked_by, operator_or_os_user
@@ -31,12 +35,16 @@ from worker.cli.prompts import confirmed
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
+#: The CLI is the operator's own: it sees every workspace.
+OPERATOR = Caller.trusted("taskhook task")
+#: The states a replay takes a delivery out of, once its cause is fixed.
+_FIXABLE = (DeliveryStatus.NEEDS_OPERATOR, DeliveryStatus.DEAD)
 
 
 def _task_json(view: TaskView | None) -> dict[str, Any] | None:
     if view is None:
         return None
-    return asdict(view) | {"settled": view.settled, "archived": view.archived}
+    return asdict(view) | {"settled": view.settled, "archived": view.archived, "state": view.state}
 
 
 def _settlement(view: TaskView) -> str:
@@ -139,12 +147,14 @@ def _lineage_by_either(
 
 
 def _nobody_holds(found: Lineage) -> Refused:
-    released = (
-        f" (released {len(found.releases)} time(s): "
-        f"taskhook explain --workspace {found.workspace} {found.external_id!r})"
-        if found.releases
-        else ""
-    )
+    explain_it = f"taskhook explain --workspace {found.workspace} {found.external_id!r}"
+    if found.releases:
+        released = f" (released {len(found.releases)} time(s): {explain_it})"
+    elif found.without_task:
+        unmade = len(found.without_task)
+        released = f" ({unmade} delivery(ies) named it and made none: {explain_it})"
+    else:
+        released = ""
     return Refused(
         f"no task in workspace {found.workspace} holds external id {found.external_id!r}{released}"
     )
@@ -157,7 +167,7 @@ workspace_option = click.option(
 
 @click.group()
 def task() -> None:
-    """Tasks, by the external id that made them."""
+    """Tasks: look one up by the external id that made it, or archive one."""
 
 
 @task.command("lookup")
@@ -195,6 +205,89 @@ def task_lookup(
     print_deliveries(touched, empty="No delivery touched it (it was created through the API).")
 
 
+def _task_of(session: Session, given: str, workspace_slug: str | None) -> Task:
+    """The task ``given`` names: its identifier (``ACME-12``; within
+    ``workspace_slug`` when given, else the one task anywhere so named) or its
+    id. Refuses, in one line, what names no task or more than one."""
+    if given.isascii() and given.isdigit():
+        task = session.get(Task, int(given)) if int(given) <= MAX_ROW_ID else None
+        if task is None:
+            raise Refused(f"no task has id {given}")
+        if (
+            workspace_slug is not None
+            and task.workspace_id != get_workspace(session=session, slug=workspace_slug).id
+        ):
+            raise Refused(f"task {given} is not in workspace {workspace_slug}")
+        return task
+    if not _TASK_IDENTIFIER.fullmatch(given):
+        raise Refused(f"{given!r} is neither a task identifier (ACME-12) nor a task id (42)")
+    query = select(Task).where(Task.identifier == given)
+    where = ""
+    if workspace_slug is not None:
+        query = query.where(
+            Task.workspace_id == get_workspace(session=session, slug=workspace_slug).id
+        )
+        where = f" in workspace {workspace_slug}"
+    found = list(session.scalars(query))
+    if not found:
+        raise Refused(f"no task is named {given}{where}")
+    if len(found) > 1:
+        raise Refused(f"{len(found)} tasks are named {given}: pass --workspace SLUG")
+    return found[0]
+
+
+@task.command("archive")
+@click.argument("given", metavar="TASK")
+@click.option(
+    "--workspace",
+    "workspace_slug",
+    default=None,
+    help="Workspace slug: where to look TASK's identifier up [every workspace].",
+)
+@json_option
+@pass_runtime
+def task_archive(
+    runtime: CommandRuntime, given: str, workspace_slug: str | None, as_json: bool
+) -> None:
+    """Archive TASK, by its identifier (ACME-12) or its id.
+
+    An archived task keeps its external id (a redelivery still finds it) and
+    no longer counts against its step's WIP limit: what makes room in a full
+    intake step. Archiving an archived task changes nothing.
+    """
+    with runtime.session() as session:
+        found = _task_of(session, given, workspace_slug)
+        was_archived = found.archived_at is not None
+        archived = archive_task(session=session, caller=OPERATOR, task_id=found.id)
+        step = session.get(WorkflowStep, archived.step_id)
+        done = {
+            "id": archived.id,
+            "identifier": archived.identifier,
+            "external_id": archived.external_id,
+            "archived_at": archived.archived_at,
+            "archived_now": not was_archived,
+            "step": step.name if step is not None else None,
+        }
+    if as_json:
+        emit_json(done)
+        return
+    if was_archived:
+        click.echo(
+            f"{done['identifier']} was archived already ({format_when(done['archived_at'])} UTC); "
+            "nothing changed."
+        )
+        return
+    keeps = (
+        f"it keeps its external id {done['external_id']!r}: a redelivery still finds it"
+        if done["external_id"]
+        else "it holds no external id"
+    )
+    click.echo(
+        f"Archived {done['identifier']}; {keeps}. It no longer counts against the WIP limit "
+        f"of step {done['step']!r}."
+    )
+
+
 @click.command("explain")
 @workspace_option
 @click.argument("external_id")
@@ -212,7 +305,7 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
     if not found.known:
         raise Refused(
             f"nothing in workspace {found.workspace} holds or held external id "
-            f"{found.external_id!r}"
+            f"{found.external_id!r}, and no delivery named it"
         )
     events = timeline(found)
     if as_json:
@@ -225,6 +318,7 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
                 "deleted_holders": [asdict(gone) for gone in found.deleted_holders],
                 "releases": [asdict(release) for release in found.releases],
                 "deliveries": [asdict(d) for d in found.deliveries],
+                "without_task": [d.id for d in found.without_task],
                 "events": [asdict(event) for event in events],
             }
         )
@@ -237,6 +331,15 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
         empty="(no events)",
     )
     click.echo()
+    unmade = found.without_task
+    if unmade:
+        click.echo("Deliveries that named it and made no task:")
+        print_table(
+            ("ID", "DELIVERY ID", "RECEIVED", "STATUS", "REASON"),
+            ((d.id, d.delivery_id, d.received_at, d.status, delivery_reason(d)) for d in unmade),
+            empty="",
+        )
+        click.echo()
     for gone in found.deleted_holders:
         touched = ", ".join(str(d.id) for d in found.deliveries_of(gone.id)) or "none"
         click.echo(
@@ -251,6 +354,12 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
         )
     elif holder is None:
         click.echo("Now: no task holds it; the next delivery for the item creates a new task.")
+        parked = [d.id for d in unmade if d.status in _FIXABLE]
+        if parked:
+            click.echo(
+                f"Parked: {', '.join(map(str, parked))}. Read `taskhook deliveries show ID` "
+                "for why, fix the cause, then `taskhook deliveries replay ID` creates the task."
+            )
     elif holder.settled:
         click.echo(f"Now: held by {holder.identifier}, settled. Nothing to do.")
     else:

@@ -7,7 +7,7 @@ from dataclasses import asdict
 import click
 from sqlalchemy.exc import IntegrityError
 
-from models.reports import list_workspaces
+from models.reports import StepSummary, get_workspace, list_steps, list_workspaces
 from models.workspaces import (
     DEFAULT_STEPS,
     StepSpec,
@@ -15,6 +15,8 @@ from models.workspaces import (
     checked_prefix,
     checked_slug,
     create_workspace,
+    find_step,
+    set_wip_limit,
 )
 from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import checked_by
@@ -71,21 +73,105 @@ def workspace_add(
     click.echo(
         f"Workspace {slug} ({summary['name']}) added: tasks will be {prefix}-1, {prefix}-2, …"
     )
-    click.echo(f"Next: taskhook source add github|jira --workspace {slug}")
+    click.echo(f"Next: taskhook source add github|gitlab|jira --workspace {slug}")
 
 
 @workspace.command("list")
 @json_option
 @pass_runtime
 def workspace_list(runtime: CommandRuntime, as_json: bool) -> None:
-    """Every workspace, with its task and source counts."""
+    """Every workspace, with its task and source counts.
+
+    ID is what the REST API's routes take (/api/v1/workspaces/ID/tasks)."""
     with runtime.session() as session:
         found = list_workspaces(session=session)
     if as_json:
         emit_json({"workspaces": [asdict(item) for item in found]})
         return
     print_table(
-        ("SLUG", "NAME", "PREFIX", "TASKS", "SOURCES", "CREATED"),
-        ((w.slug, w.name, w.task_prefix, w.tasks, w.sources, w.created_at) for w in found),
+        ("ID", "SLUG", "NAME", "PREFIX", "TASKS", "SOURCES", "CREATED"),
+        ((w.id, w.slug, w.name, w.task_prefix, w.tasks, w.sources, w.created_at) for w in found),
         empty="No workspaces yet: taskhook workspace add SLUG --name NAME --prefix PREFIX",
+    )
+
+
+@workspace.command("wip")
+@click.argument("slug")
+@click.option(
+    "--step",
+    "step_name",
+    default=None,
+    help="The step, by name [the intake step, where new tasks land].",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Set the step's WIP limit to this many unarchived tasks.",
+)
+@click.option("--no-limit", is_flag=True, help="Remove the step's WIP limit.")
+@json_option
+@pass_runtime
+def workspace_wip(
+    runtime: CommandRuntime,
+    slug: str,
+    step_name: str | None,
+    limit: int | None,
+    no_limit: bool,
+    as_json: bool,
+) -> None:
+    """Show the WIP limits of workspace SLUG's steps, or set one.
+
+    Without --limit or --no-limit it only shows each step, its limit and the
+    unarchived tasks in it. A full intake step parks new deliveries as
+    needs_operator: raise its limit, or archive tasks (taskhook task archive),
+    then replay them. Tasks already in a step stay when its limit is lowered.
+    """
+    if limit is not None and no_limit:
+        raise click.UsageError("give --limit N or --no-limit, not both")
+    changed = limit is not None or no_limit
+    with runtime.session() as session:
+        workspace_id = get_workspace(session=session, slug=slug).id
+        if changed:
+            step = set_wip_limit(
+                session=session, workspace_id=workspace_id, step_name=step_name, wip_limit=limit
+            )
+        elif step_name is not None:
+            step = find_step(session=session, workspace_id=workspace_id, step_name=step_name)
+        if step_name is not None or changed:
+            step_name = step.name
+        steps = list_steps(session=session, workspace_id=workspace_id)
+    shown = [s for s in steps if step_name is None or s.name == step_name]
+    if as_json:
+        emit_json(
+            {
+                "workspace": slug,
+                "changed": changed,
+                "steps": [asdict(s) | {"full": s.full} for s in shown],
+            }
+        )
+        return
+    if changed:
+        now = "no WIP limit" if limit is None else f"a WIP limit of {limit}"
+        click.echo(f"Step {step_name!r} of workspace {slug} has {now} now.")
+    _print_steps(shown)
+
+
+def _print_steps(steps: list[StepSummary]) -> None:
+    print_table(
+        ("STEP", "WIP LIMIT", "TASKS", "NOTE"),
+        (
+            (
+                s.name,
+                "none" if s.wip_limit is None else s.wip_limit,
+                s.tasks,
+                ", ".join(
+                    part
+                    for part in ("intake" if s.intake else "", "FULL" if s.full else "")
+                    if part
+                ),
+            )
+            for s in steps
+        ),
+        empty="No workflow steps.",
     )

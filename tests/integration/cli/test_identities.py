@@ -56,8 +56,17 @@ def test_merge_shows_what_it_will_do_asks_and_merges(store: Store):
         "ana",
         "site migration",
     )
-    assert f"merge {audit.id}" in done.output
-    assert f"taskhook identities unmerge {audit.id}" in done.output
+    assert done.stdout.splitlines()[-1] == (
+        f"Merged ACME-2 into ACME-1: merge {audit.id}, operator ana. "
+        f"Undo: taskhook identities unmerge {audit.id} --reason TEXT"
+    )
+
+    undone = taskhook(store, "identities", "unmerge", str(audit.id), "--reason", "two items")
+
+    assert undone.exit_code == 0, undone.output
+    assert undone.stdout.strip().startswith(
+        f"Undid merge {audit.id}: {NEW_SITE} are ACME-2's again"
+    )
 
 
 def test_merge_without_a_terminal_needs_yes(store: Store):

@@ -254,7 +254,8 @@ def test_release_frees_only_the_holder_it_showed(store: Store, celery):
     assert celery.sent[0][1][4] == task_id
     assert line == (
         f"Error: not released: the identity is held by task ACME-2 (id {task_id + 1}), not by "
-        f"the expected task {task_id}; nothing was released. Look again before anything else: "
+        f"the expected task ACME-1 (id {task_id}); nothing was released. Look again before "
+        "anything else: "
         f"taskhook task lookup --workspace acme '{EXTERNAL_ID}'"
     )
     assert held_by(store) == "ACME-2"

@@ -9,10 +9,20 @@ import pytest
 from sqlalchemy import update
 
 from models.db import session_scope
+from models.inbox import DeliveryStatus
 from models.tables import Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, release_external_id
 from tests.support.cli import RELEASE, as_json, refused, taskhook
-from tests.support.scenarios import EXTERNAL_ID, Crash, a_settled_task, an_unfinished_create
+from tests.support.scenarios import (
+    EXTERNAL_ID,
+    Crash,
+    a_delivery,
+    a_settled_task,
+    a_source,
+    an_unfinished_create,
+    release,
+    settle_as,
+)
 from tests.support.stores import TRUSTED, Store
 
 
@@ -237,4 +247,125 @@ def test_explain_prints_the_lineage_in_time_order(store: Store):
 def test_explain_of_an_identity_never_held_is_refused(store: Store):
     store.workspace()
     line = refused(taskhook(store, "explain", "--workspace", "acme", "jira:NOPE-1"))
-    assert line == "Error: nothing in workspace acme holds or held external id 'jira:NOPE-1'"
+    assert line == (
+        "Error: nothing in workspace acme holds or held external id 'jira:NOPE-1', "
+        "and no delivery named it"
+    )
+
+
+def test_explain_shows_the_deliveries_parked_before_any_task_held_the_identity(store: Store):
+    acme = store.workspace()
+    source_id = a_source(store, acme.id)
+    parked = a_delivery(store, source_id, "d-1", external_id=EXTERNAL_ID)
+    why = "workspace 1: step 'Inbox' is at its WIP limit of 0"
+    settle_as(store, parked, DeliveryStatus.NEEDS_OPERATOR, reason=why)
+
+    result = taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID)
+    document = as_json(taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID, "--json"))
+    lookup = refused(taskhook(store, "task", "lookup", "--workspace", "acme", EXTERNAL_ID))
+
+    assert result.exit_code == 0, result.output
+    assert "holds or held" not in result.output
+    assert "Deliveries that named it and made no task:" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if line.startswith(f"{parked} "))
+    assert row.split()[1:2] + row.split()[4:5] == ["d-1", "needs_operator"]
+    assert why in row
+    assert f"Parked: {parked}." in result.stdout
+    assert f"delivery {parked} needs_operator" in result.stdout
+    assert document["holder"] is None
+    assert document["without_task"] == [parked]
+    assert [d["external_id"] for d in document["deliveries"]] == [EXTERNAL_ID]
+    assert lookup == (
+        "Error: no task in workspace acme holds external id 'gh-issue/acme/api#12' "
+        "(1 delivery(ies) named it and made none: "
+        "taskhook explain --workspace acme 'gh-issue/acme/api#12')"
+    )
+
+
+def test_explain_after_a_release_keeps_the_former_holders_settlement(store: Store):
+    task_id, *_ = a_settled_task(store)
+    release(store, store.scalar("SELECT id FROM workspaces"))
+
+    result = taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID)
+    document = as_json(taskhook(store, "explain", "--workspace", "acme", EXTERNAL_ID, "--json"))
+
+    assert "task ACME-1 settled" in result.stdout
+    assert "identity released from ACME-1" in result.stdout
+    (former,) = document["former_holders"]
+    assert (former["id"], former["settled"], former["state"]) == (
+        task_id,
+        True,
+        "settled, then released",
+    )
+
+
+def test_task_archive_by_identifier_or_id_makes_room_in_a_full_intake_step(store: Store):
+    acme = store.workspace(intake_wip_limit=1)
+    with session_scope(store.sessions) as session:
+        task_id = create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=acme.id,
+            new=NewTask(title="Fills the intake", external_id="jira:WIP-1"),
+        ).task.id
+
+    full = taskhook(store, "workspace", "wip", "acme")
+    archived = taskhook(store, "task", "archive", "ACME-1")
+    again = as_json(taskhook(store, "task", "archive", str(task_id), "--json"))
+    room = taskhook(store, "workspace", "wip", "acme")
+
+    assert "FULL" in full.stdout
+    assert archived.exit_code == 0, archived.output
+    assert archived.stdout.strip() == (
+        "Archived ACME-1; it keeps its external id 'jira:WIP-1': a redelivery still finds it. "
+        "It no longer counts against the WIP limit of step 'Inbox'."
+    )
+    assert (again["identifier"], again["archived_now"], again["external_id"]) == (
+        "ACME-1",
+        False,
+        "jira:WIP-1",
+    )
+    assert "FULL" not in room.stdout
+    assert store.scalar("SELECT archived_at IS NOT NULL FROM tasks WHERE id = :t", t=task_id)
+    # The archive's event, once: the second archive changed nothing.
+    assert store.scalar("SELECT count(*) FROM task_events WHERE type = 'task.archived'") == 1
+    with session_scope(store.sessions) as session:
+        create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=acme.id,
+            new=NewTask(title="Now it fits", external_id="jira:WIP-2"),
+        )
+
+
+def test_task_archive_refuses_what_names_no_single_task_in_one_line(store: Store):
+    acme, beta = store.workspace(), store.workspace("beta", "ACME")
+    for workspace in (acme, beta):
+        with session_scope(store.sessions) as session:
+            create_task(
+                session=session,
+                caller=TRUSTED,
+                workspace_id=workspace.id,
+                new=NewTask(title="One each", external_id="jira:TWO-1"),
+            )
+
+    unknown = refused(taskhook(store, "task", "archive", "ACME-9"))
+    no_id = refused(taskhook(store, "task", "archive", "404"))
+    huge = refused(taskhook(store, "task", "archive", "99999999999999999999"))
+    garbage = refused(taskhook(store, "task", "archive", "--", "-x"))
+    twice = refused(taskhook(store, "task", "archive", "ACME-1"))
+    elsewhere = refused(taskhook(store, "task", "archive", "ACME-9", "--workspace", "beta"))
+
+    assert unknown == "Error: no task is named ACME-9"
+    assert no_id == "Error: no task has id 404"
+    assert huge == "Error: no task has id 99999999999999999999"
+    assert garbage == "Error: '-x' is neither a task identifier (ACME-12) nor a task id (42)"
+    assert twice == "Error: 2 tasks are named ACME-1: pass --workspace SLUG"
+    assert elsewhere == "Error: no task is named ACME-9 in workspace beta"
+    archived = as_json(
+        taskhook(store, "task", "archive", "ACME-1", "--workspace", "beta", "--json")
+    )
+    assert archived["id"] == store.scalar(
+        "SELECT t.id FROM tasks t JOIN workspaces w ON w.id = t.workspace_id WHERE w.slug = 'beta'"
+    )
+    assert store.scalar("SELECT count(*) FROM tasks WHERE archived_at IS NOT NULL") == 1
