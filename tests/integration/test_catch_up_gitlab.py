@@ -254,3 +254,16 @@ def test_gitlab_access_is_checked_and_a_github_source_is_told_so(store: Store, g
         )
         with pytest.raises(InvalidSource, match="is a github source, not GitLab's"):
             gitlab_settings(session=session, slug="acme-github")
+
+
+def test_a_gitlab_that_keeps_no_hook_events_is_scanned_all_the_same(
+    store: Store, gitlab: FakeGitLab
+):
+    a_gitlab_source(store, gitlab, hook_id="999")  # no such hook: GitLab answers 404
+    an_issue(gitlab, 3)
+    gitlab.fail_next()  # and a 5xx on the way, retried
+    report = catch_up(store)
+    assert "GitLab answered 404" in report.hook_note and TOKEN not in report.hook_note
+    assert report.missed == [f"scan:gl-issue/{PROJECT}#3"]
+    with session_scope(store.sessions) as session:
+        assert session.get(CatchUpRun, report.run_id).covered_until == report.started_at

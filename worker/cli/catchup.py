@@ -249,6 +249,11 @@ def _run_and_report(
                 "recovered": report.recovered,
                 "refused": report.refused,
                 "not_sent": unsent,
+                **(
+                    {"hook_id": report.hook_id, "hook_note": report.hook_note}
+                    if report.kind == "gitlab"
+                    else {}
+                ),
             }
         )
         return
@@ -259,12 +264,15 @@ def _run_and_report(
             ("Deliveries listed", report.deliveries_listed),
         )
     elif report.kind == "gitlab":
-        events = (
-            f"{report.attempts_listed} (hook {report.hook_id})"
-            if report.hook_id is not None
-            else "none read: no hook id set, and no hook of the project or group posts to "
-            "this source (taskhook source catch-up NAME ... --hook-id ID)"
-        )
+        if report.hook_note is not None:
+            events = f"none read: {report.hook_note}; scanned only"
+        elif report.hook_id is not None:
+            events = f"{report.attempts_listed} (hook {report.hook_id})"
+        else:
+            events = (
+                "none read: no hook id set, and no hook of the project or group posts to "
+                "this source (taskhook source catch-up NAME ... --hook-id ID)"
+            )
         listed = (("Hook events listed", events), ("Items created since", report.items_listed))
     else:
         listed = (("Items created since", report.deliveries_listed),)
