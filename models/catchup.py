@@ -352,7 +352,7 @@ def mark_handled(
     reason = _audit_text(reason, "the reason", "a mark must give a reason (--reason)")
     source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
     if source is None:
-        raise SourceNotFound(f"source {slug!r} not found")
+        raise SourceNotFound(slug)
     run = CatchUpRun(
         source_id=source.id,
         kind=BY_HAND,
@@ -401,7 +401,7 @@ def _github_source(session: Session, slug: str) -> WebhookSource:
 def _source_of(session: Session, slug: str, provider: str, what: str) -> WebhookSource:
     source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
     if source is None:
-        raise SourceNotFound(f"source {slug!r} not found")
+        raise SourceNotFound(slug)
     if source.provider != provider:
         raise InvalidSource(
             f"source {slug!r} is a {source.provider} source; this access is for {what}"
@@ -574,7 +574,7 @@ def _source_and_access(session: Session, slug: str) -> tuple[WebhookSource, Catc
         .where(WebhookSource.slug == slug)
     ).first()
     if row is None:
-        raise SourceNotFound(f"source {slug!r} not found")
+        raise SourceNotFound(slug)
     return row[0], row[1]
 
 

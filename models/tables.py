@@ -659,7 +659,9 @@ class Operation(Base):
     __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    #: ``bulk-replay``: every replayable delivery matching ``criteria`` queued again.
+    #: ``bulk-replay``: every replayable delivery matching ``criteria`` queued again;
+    #: ``mark-handled``: a window of a source's downtime handled by hand
+    #: (``criteria``: the source, the window and the reason; ``models.catchup``).
     kind: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(200))
     operator: Mapped[str] = mapped_column(String(200))

@@ -301,7 +301,7 @@ def test_a_window_marked_as_handled_by_hand_is_reported_no_more_but_never_moves_
     [
         (2, 3, "acme-gitlab", InvalidOperation, "--until must be after --since"),
         (2, -1, "acme-gitlab", InvalidOperation, "--until is in the future"),
-        (3, 2, "nobody", SourceNotFound, "source 'nobody' not found"),
+        (3, 2, "nobody", SourceNotFound, "no webhook source named 'nobody'"),
     ],
 )
 def test_a_mark_refuses_a_window_backwards_in_the_future_or_of_no_source(
@@ -331,3 +331,12 @@ def test_a_mark_refused_on_the_command_line_is_one_line(store: Store):
     )  # fmt: skip
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == ["Error: --until must be after --since"]
+    unknown = CliRunner(env={"TASKHOOK_DATABASE_URL": store.url}).invoke(
+        cli,
+        [
+            "catch-up", "mark-handled", "--source", "nobody", "--since", "2026-12-01T08:00",
+            "--until", "2026-12-01T09:00", "--reason", "x", "--operator", "alice",
+        ],
+    )  # fmt: skip
+    assert unknown.exit_code == 1
+    assert unknown.output.strip().splitlines() == ["Error: no webhook source named 'nobody'"]

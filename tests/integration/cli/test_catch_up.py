@@ -467,4 +467,4 @@ def test_catch_up_github_of_a_gitlab_source_says_which_it_is_and_gitlab_needs_ac
     line = refused(taskhook(store, "catch-up", "gitlab", "--source", "acme-gitlab"))
     assert "taskhook source catch-up acme-gitlab --project ID (or --group ID)" in line
     line = refused(taskhook(store, "catch-up", "gitlab", "--source", "nobody"))
-    assert "source 'nobody' not found" in line
+    assert line == "Error: no webhook source named 'nobody'"
