@@ -153,8 +153,20 @@ def catch_up_gitlab_command(
 
 @catch_up.command("mark-handled")
 @click.option("--source", "slug", required=True, help="The source whose window was handled.")
-@click.option("--since", type=Since(), required=True, help="The window's start (UTC).")
-@click.option("--until", type=Since(), required=True, help="The window's end (UTC).")
+@click.option(
+    "--since",
+    type=Since(),
+    required=True,
+    metavar="TIME",
+    help="The window's start: a UTC date or time, or how long ago (6h).",
+)
+@click.option(
+    "--until",
+    type=Since(),
+    required=True,
+    metavar="TIME",
+    help="The window's end: a UTC date or time, or how long ago (90m).",
+)
 @click.option("--reason", required=True, help="How it was handled: kept in the history.")
 @click.option(
     "--operator", default=None, callback=operator_or_os_user, help="Who handled it [the OS user]."

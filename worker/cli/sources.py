@@ -304,7 +304,8 @@ def _private_key_of(path: str) -> str:
     "--hook-id",
     default=None,
     callback=checked_by(checked_hook_id),
-    help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID).",
+    help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID), "
+    "or GitLab's hook whose URL ends with the source's name.",
 )
 @click.option(
     "--api-url",
