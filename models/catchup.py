@@ -348,8 +348,10 @@ def mark_handled(
         raise InvalidOperation("--until must be after --since")
     if until > now:
         raise InvalidOperation("--until is in the future: only a window that has passed is handled")
-    operator = _audit_text(operator, "the operator", "a mark needs the operator's name")
-    reason = _audit_text(reason, "the reason", "a mark must give a reason (--reason)")
+    operator = _audit_text(
+        operator, "the operator", "a mark needs the operator's name", MAX_OPERATOR_LENGTH
+    )
+    reason = _audit_text(reason, "the reason", "a mark must give a reason", _MAX_MARK_REASON)
     source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
     if source is None:
         raise SourceNotFound(slug)
@@ -386,8 +388,7 @@ def mark_handled(
     return run
 
 
-def _audit_text(value: str, what: str, missing: str) -> str:
-    limit = MAX_OPERATOR_LENGTH if what == "the operator" else _MAX_MARK_REASON
+def _audit_text(value: str, what: str, missing: str, limit: int) -> str:
     try:
         return clean_release_text(value, what=what, missing=missing, limit=limit)
     except InvalidRelease as error:
