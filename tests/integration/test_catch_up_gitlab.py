@@ -267,3 +267,21 @@ def test_a_gitlab_that_keeps_no_hook_events_is_scanned_all_the_same(
     assert report.missed == [f"scan:gl-issue/{PROJECT}#3"]
     with session_scope(store.sessions) as session:
         assert session.get(CatchUpRun, report.run_id).covered_until == report.started_at
+
+
+def test_a_scan_stored_first_and_the_webhook_arriving_later_make_one_task(
+    store: Store, gitlab: FakeGitLab
+):
+    source_id = a_gitlab_source(store, gitlab)
+    an_issue(gitlab, 11)
+    report = catch_up(store)
+    drain(store, report.recovered)
+
+    body = gitlab_issue_opened(11)  # the hook enabled again: GitLab's own delivery of it
+    reading = read_delivery(GITLAB, "Issue Hook.open", json.loads(body), None)
+    late = store_delivery(
+        store.sessions, source_id, body=body, event="Issue Hook.open", reading=reading
+    )
+    drain(store, [late])
+
+    assert tasks(store) == [f"gl-issue/{PROJECT}#11"]
