@@ -157,9 +157,10 @@ class IngressMetrics:
         self.uncovered_downtime = Gauge(
             "taskhook_uncovered_downtime_seconds",
             "How long no ingress was up, in the windows of the last 7 days no complete "
-            "catch-up of the source has read ('-': the most of any source, without "
-            "TASKHOOK_METRICS_SOURCE_LABELS).",
-            ["source"],
+            "catch-up of the source has read nor an operator marked as handled ('-': the "
+            "most of any source, without TASKHOOK_METRICS_SOURCE_LABELS); command: the "
+            "catch-up that covers them (the worst source's, for '-').",
+            ["source", "command"],
             registry=self.registry,
         )
         self.catchup_last_run = Gauge(
@@ -194,16 +195,21 @@ class IngressMetrics:
             source: sum(window.seconds for window in windows)
             for source, windows in gaps.uncovered.items()
         }
+        # From the oldest window on: one run covers them all.
+        commands = {
+            source: gaps.command(source, windows[0]) for source, windows in gaps.uncovered.items()
+        }
         runs = gaps.last_catch_ups
         if by_source:
             for source, seconds in uncovered.items():
-                self.uncovered_downtime.labels(source).set(seconds)
+                self.uncovered_downtime.labels(source, commands[source]).set(seconds)
             for run in runs:
                 self.catchup_last_run.labels(run.source).set(run.started_at.timestamp())
                 self.catchup_last_recovered.labels(run.source).set(run.recovered)
                 self.catchup_last_failed.labels(run.source).set(int(run.error is not None))
             return
-        self.uncovered_downtime.labels("-").set(max(uncovered.values(), default=0))
+        worst = max(uncovered, key=uncovered.__getitem__, default=None)
+        self.uncovered_downtime.labels("-", commands.get(worst, "")).set(uncovered.get(worst, 0))
         if runs:
             self.catchup_last_run.labels("-").set(min(r.started_at.timestamp() for r in runs))
             self.catchup_last_recovered.labels("-").set(sum(r.recovered for r in runs))

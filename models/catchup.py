@@ -2,10 +2,21 @@
 
 GitHub never redelivers a delivery our ingress failed to take; it keeps a log
 of them for 3 days (7 on Enterprise Server). Jira retries for a while, then
-gives up. A source configured here can be caught up (``worker.catchup``):
-a GitHub source from its hook's delivery log or by a scan of its issues and
-pull requests, a Jira source by a search of its site. Each run is recorded,
-and the last complete one is the cursor the next starts from.
+gives up. GitLab retries a few times, then disables a failing hook for a
+while and sends nothing at all. A source configured here can be caught up
+(``worker.catchup``): a GitHub source from its hook's delivery log or by a
+scan of its issues and pull requests, a Jira source by a search of its site,
+a GitLab source from its hook's recorded events and a scan of its issues and
+merge requests. Each run is recorded, and the last complete one is the
+cursor the next starts from.
+
+A window no catch-up can read (a sender taskhook cannot read, an API that
+is down for good) can be marked as handled by hand (:func:`mark_handled`):
+a ``by-hand`` run that covers it, with who and why, never a cursor.
+
+Which command covers a source is decided here, once
+(:func:`catch_up_command`): ``taskhook stats``, the console and ``/metrics``
+(and so the alert) all name the command this gives.
 """
 
 from __future__ import annotations
@@ -20,17 +31,19 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from sqlalchemy import desc, select
 from sqlalchemy.orm import Session
 
-from models.errors import InvalidSource, SourceNotFound
+from models.errors import InvalidOperation, InvalidRelease, InvalidSource, SourceNotFound
 from models.names import NameKind
 from models.tables import (
     CatchUpRun,
     CatchUpSource,
     Delivery,
     Identity,
+    Operation,
     Task,
     WebhookSource,
     utcnow,
 )
+from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
 GITHUB_API = "https://api.github.com"
 #: How long GitHub keeps a hook's deliveries (7 days on Enterprise Server):
@@ -55,6 +68,24 @@ _REPO = re.compile(rf"{_OWNER}/[A-Za-z0-9._-]{{1,100}}")
 #: An email as Atlassian accounts have them: something@something, one line.
 _EMAIL = re.compile(r"[^@\s]{1,200}@[^@\s]{1,119}")
 _MAX_JQL = 2000
+#: GitLab.com; a self-managed instance is read at its own URL.
+GITLAB_URL = "https://gitlab.com"
+#: Where GitLab's REST API lives below an instance's URL.
+GITLAB_API_PATH = "/api/v4"
+#: A GitLab project or group: its numeric id, or its full path (groups nest).
+_GITLAB_PART = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}"
+_GITLAB_NAMESPACE = re.compile(rf"[0-9]{{1,20}}|{_GITLAB_PART}(?:/{_GITLAB_PART}){{0,20}}")
+GITLAB_OWNERS = ("projects", "groups")
+#: ``catchup_runs.kind`` of a run that read a GitLab hook's events and scanned
+#: its issues and merge requests.
+GITLAB_KIND = "gitlab"
+#: ``catchup_runs.kind`` of a window an operator marked as handled by hand.
+BY_HAND = "by-hand"
+#: ``operations.kind`` of the same mark, in the operations history.
+MARK_HANDLED = "mark-handled"
+_MAX_MARK_REASON = 1000
+#: The ``taskhook catch-up`` subcommand that reads each provider's API.
+_CATCH_UP_SUBCOMMANDS = {"github": "github", "jira": "jira", "gitlab": "gitlab"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +130,60 @@ class JiraSettings:
     def __repr__(self) -> str:
         who = f"email={self.email!r}, token=<hidden>" if self.email else "pat=<hidden>"
         return f"JiraSettings(source={self.slug!r}, site={self.site_url!r}, {who})"
+
+
+@dataclass(frozen=True)
+class GitLabSettings:
+    """Where one GitLab source is read: its project's or group's hook events
+    (when ``hook_id`` is known) and its issues and merge requests, under
+    ``api_base_url`` (``https://HOST/api/v4``) with a ``token``. Never shown."""
+
+    source_id: int
+    slug: str
+    api_base_url: str
+    #: ``projects/ID`` or ``groups/ID``, ID a number or a full path.
+    owner: str
+    hook_id: str | None
+    token: str
+
+    def __repr__(self) -> str:
+        return (
+            f"GitLabSettings(source={self.slug!r}, owner={self.owner!r}, "
+            f"hook_id={self.hook_id!r}, token=<hidden>)"
+        )
+
+
+def catch_up_command(provider: str, slug: str, *, since: datetime | None = None) -> str:
+    """What an operator runs to catch source ``slug`` up from ``since``: the
+    ``taskhook catch-up`` of its provider; for a provider no catch-up reads,
+    the manual mark. The one place ``stats``, the console and ``/metrics``
+    take it from."""
+    subcommand = _CATCH_UP_SUBCOMMANDS.get(provider)
+    if subcommand is None:
+        return mark_handled_command(slug, since=since, until=None)
+    command = f"taskhook catch-up {subcommand} --source {slug}"
+    return command if since is None else f"{command} --since {_floor(since)}"
+
+
+def mark_handled_command(slug: str, *, since: datetime | None, until: datetime | None) -> str:
+    """The manual mark of a window of source ``slug``: its times rounded
+    outwards to the second, so the mark holds the window whole."""
+    since_text = "SINCE" if since is None else _floor(since)
+    until_text = "UNTIL" if until is None else _ceiling(until)
+    return (
+        f"taskhook catch-up mark-handled --source {slug} --since {since_text} "
+        f"--until {until_text} --reason TEXT"
+    )
+
+
+def _floor(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _ceiling(moment: datetime) -> str:
+    if moment.microsecond:
+        moment = moment.replace(microsecond=0) + timedelta(seconds=1)
+    return _floor(moment)
 
 
 def set_log_access(
@@ -179,6 +264,137 @@ def set_jira_access(
     return access
 
 
+def set_gitlab_access(
+    *,
+    session: Session,
+    slug: str,
+    owner: str,
+    token: str,
+    hook_id: str | None = None,
+    site_url: str = GITLAB_URL,
+) -> CatchUpSource:
+    """Let GitLab source ``slug`` be caught up: ``owner`` is ``projects/ID``
+    or ``groups/ID`` (its hook's owner, whose issues and merge requests are
+    scanned), ``hook_id`` the hook whose events are read (by default the one
+    of the owner's hooks whose URL ends with the source's name), read at
+    ``site_url`` (GitLab.com, or a self-managed instance) with ``token``.
+    Raises as :func:`set_log_access` does."""
+    source = _source_of(session, slug, "gitlab", "GitLab")
+    return _stored_access(
+        session,
+        source,
+        target=checked_gitlab_owner(owner),
+        hook_id=checked_hook_id(hook_id),
+        api_base_url=checked_api_url(site_url) + GITLAB_API_PATH,
+        token=checked_token(token),
+    )
+
+
+def checked_gitlab_owner(owner: str) -> str:
+    """``projects/ID`` or ``groups/ID``, ID a number or a full path; else
+    :class:`InvalidSource`."""
+    kind, _, name = owner.partition("/")
+    if kind not in GITLAB_OWNERS or not _GITLAB_NAMESPACE.fullmatch(name):
+        raise InvalidSource(
+            "a GitLab project or group is its numeric id or its full path "
+            f"(group/subgroup/project), not {name or owner!r}"
+        )
+    return owner
+
+
+def gitlab_settings(*, session: Session, slug: str) -> GitLabSettings:
+    """Where GitLab source ``slug`` is read. Raises :class:`SourceNotFound`
+    or :class:`InvalidSource` saying what to set."""
+    source, access = _source_and_access(session, slug)
+    if source.provider != "gitlab":
+        raise InvalidSource(f"source {slug!r} is a {source.provider} source, not GitLab's")
+    if access is None or access.target.partition("/")[0] not in GITLAB_OWNERS:
+        raise InvalidSource(
+            f"source {slug!r} has no access to GitLab's API: "
+            f"taskhook source catch-up {slug} --project ID (or --group ID)"
+        )
+    return GitLabSettings(
+        source_id=source.id,
+        slug=slug,
+        api_base_url=access.api_base_url,
+        owner=access.target,
+        hook_id=access.hook_id,
+        token=access.token,
+    )
+
+
+def mark_handled(
+    *,
+    session: Session,
+    slug: str,
+    since: datetime,
+    until: datetime,
+    operator: str,
+    reason: str,
+    now: datetime | None = None,
+) -> CatchUpRun:
+    """Record that source ``slug``'s deliveries from ``since`` to ``until``
+    were handled by hand (``operator`` says who, ``reason`` why): a
+    ``by-hand`` run covering the window, which ``stats``, the console and
+    ``/metrics`` then no longer report, and an entry in the operations
+    history. It is never a catch-up's cursor (:func:`window_start`).
+    Raises :class:`SourceNotFound`, or :class:`InvalidOperation` saying
+    what is wrong with a value."""
+    now = now or utcnow()
+    for name, moment in (("--since", since), ("--until", until)):
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise InvalidOperation(f"{name} must say its time zone")
+    if until <= since:
+        raise InvalidOperation("--until must be after --since")
+    if until > now:
+        raise InvalidOperation("--until is in the future: only a window that has passed is handled")
+    operator = _audit_text(
+        operator, "the operator", "a mark needs the operator's name", MAX_OPERATOR_LENGTH
+    )
+    reason = _audit_text(reason, "the reason", "a mark must give a reason", _MAX_MARK_REASON)
+    source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
+    if source is None:
+        raise SourceNotFound(slug)
+    run = CatchUpRun(
+        source_id=source.id,
+        kind=BY_HAND,
+        since=since,
+        covered_until=until,
+        started_at=now,
+        finished_at=now,
+        operator=operator,
+        reason=reason,
+    )
+    session.add(run)
+    session.add(
+        Operation(
+            kind=MARK_HANDLED,
+            name=f"{slug} handled by hand",
+            operator=operator,
+            criteria={
+                "source": slug,
+                "since": since.isoformat(),
+                "until": until.isoformat(),
+                "reason": reason,
+            },
+            scope=None,  # from the CLI: every workspace's
+            matched=1,
+            done=1,
+            started_at=now,
+            finished_at=now,
+        )
+    )
+    session.flush()
+    return run
+
+
+def _audit_text(value: str, what: str, missing: str, limit: int) -> str:
+    try:
+        return clean_release_text(value, what=what, missing=missing, limit=limit)
+    except InvalidRelease as error:
+        raise InvalidOperation(str(error)) from None
+
+
 def _github_source(session: Session, slug: str) -> WebhookSource:
     return _source_of(session, slug, "github", "GitHub")
 
@@ -186,7 +402,7 @@ def _github_source(session: Session, slug: str) -> WebhookSource:
 def _source_of(session: Session, slug: str, provider: str, what: str) -> WebhookSource:
     source = session.scalars(select(WebhookSource).where(WebhookSource.slug == slug)).first()
     if source is None:
-        raise SourceNotFound(f"source {slug!r} not found")
+        raise SourceNotFound(slug)
     if source.provider != provider:
         raise InvalidSource(
             f"source {slug!r} is a {source.provider} source; this access is for {what}"
@@ -359,7 +575,7 @@ def _source_and_access(session: Session, slug: str) -> tuple[WebhookSource, Catc
         .where(WebhookSource.slug == slug)
     ).first()
     if row is None:
-        raise SourceNotFound(f"source {slug!r} not found")
+        raise SourceNotFound(slug)
     return row[0], row[1]
 
 
@@ -389,7 +605,12 @@ def window_start(*, session: Session, source_id: int, now: datetime) -> datetime
     last complete run, or as far back as GitHub keeps deliveries."""
     covered = session.scalar(
         select(CatchUpRun.covered_until)
-        .where(CatchUpRun.source_id == source_id, CatchUpRun.covered_until.is_not(None))
+        .where(
+            CatchUpRun.source_id == source_id,
+            CatchUpRun.covered_until.is_not(None),
+            # A window handled by hand says nothing of what came before it.
+            CatchUpRun.kind != BY_HAND,
+        )
         .order_by(desc(CatchUpRun.covered_until))
         .limit(1)
     )
@@ -446,7 +667,7 @@ def known_identities(*, session: Session, workspace_id: int, external_ids: list[
 
 def sources_to_catch_up(*, session: Session) -> list[tuple[str, str]]:
     """The enabled sources a catch-up can read, as (slug, provider): a GitHub
-    source's delivery log, a Jira source's site."""
+    source's delivery log, a Jira source's site, a GitLab source's API."""
     return [
         (slug, provider)
         for slug, provider in session.execute(

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Integer, cast, func, or_, select, text
 from sqlalchemy.orm import Session
 
+from models.catchup import BY_HAND, catch_up_command, mark_handled_command
 from models.errors import (
     DeliveryNotFound,
     InvalidExternalId,
@@ -56,7 +57,7 @@ from models.tables import (
     Workspace,
     utcnow,
 )
-from models.uptime import Window, downtime, uncovered
+from models.uptime import LOOK_BACK, Window, downtime, uncovered
 
 #: Header names never shown, whatever the ingress's allowlist let through:
 #: a signature is an oracle for the secret, the others are credentials.
@@ -1061,24 +1062,56 @@ class LastCatchUp:
 
 
 @dataclass(frozen=True)
+class HandledByHand:
+    """A window an operator marked as handled by hand (``models.catchup.mark_handled``)."""
+
+    source: str
+    since: datetime
+    until: datetime
+    operator: str
+    reason: str
+    marked_at: datetime
+
+
+@dataclass(frozen=True)
 class Gaps:
     """When no ingress was up, and which of those windows each source has
     not caught up yet (``models.uptime``)."""
 
     downtime: list[Window]
     uncovered: dict[str, list[Window]]
+    #: Each source's last catch-up (a window handled by hand is none).
     last_catch_ups: list[LastCatchUp]
     #: Each source's provider, by slug: which catch-up command covers it.
     providers: dict[str, str]
+    #: The windows marked as handled by hand within the last 7 days, newest first.
+    handled_by_hand: list[HandledByHand]
+
+    def command(self, source: str, window: Window) -> str:
+        """What covers ``window`` of ``source``: its provider's catch-up from
+        where the window must be read (``models.catchup.catch_up_command``)."""
+        return catch_up_command(self.providers.get(source, ""), source, since=window.since)
+
+    def mark_command(self, source: str, window: Window) -> str:
+        """The manual mark of ``window``, for when no catch-up can read it."""
+        return mark_handled_command(source, since=window.since, until=window.end)
 
 
 def gaps(*, session: Session, heartbeat_seconds: float, now: datetime | None = None) -> Gaps:
     windows = downtime(session=session, heartbeat_seconds=heartbeat_seconds, now=now)
     newest = (
         select(CatchUpRun.source_id, func.max(CatchUpRun.id).label("id"))
+        .where(CatchUpRun.kind != BY_HAND)
         .group_by(CatchUpRun.source_id)
         .subquery()
     )
+    now = now or utcnow()
+    marks = session.execute(
+        select(WebhookSource.slug, CatchUpRun)
+        .join(WebhookSource, WebhookSource.id == CatchUpRun.source_id)
+        .where(CatchUpRun.kind == BY_HAND, CatchUpRun.covered_until > now - LOOK_BACK)
+        .order_by(CatchUpRun.id.desc())
+    ).all()
     last = session.execute(
         select(WebhookSource.slug, WebhookSource.provider, CatchUpRun)
         .join(newest, newest.c.id == CatchUpRun.id)
@@ -1110,6 +1143,17 @@ def gaps(*, session: Session, heartbeat_seconds: float, now: datetime | None = N
                 )
             ).all()
         ),
+        handled_by_hand=[
+            HandledByHand(
+                source=slug,
+                since=run.since,
+                until=run.covered_until,
+                operator=run.operator or "",
+                reason=run.reason or "",
+                marked_at=run.started_at,
+            )
+            for slug, run in marks
+        ],
     )
 
 

@@ -426,7 +426,9 @@ class CatchUpRun(Base):
         ForeignKey("webhook_sources.id", ondelete="CASCADE"), index=True
     )
     #: What was read: ``log`` (GitHub's delivery log), ``scan`` (GitHub's
-    #: issues and pull requests) or ``search`` (Jira's JQL search).
+    #: issues and pull requests), ``search`` (Jira's JQL search), ``gitlab``
+    #: (a GitLab hook's events and its issues and merge requests); or
+    #: ``by-hand``: nothing read, an operator marked the window as handled.
     kind: Mapped[str] = mapped_column(String(16), server_default=text("'log'"))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
@@ -441,6 +443,9 @@ class CatchUpRun(Base):
     missed: Mapped[int] = mapped_column(Integer, default=0)
     recovered: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    #: A ``by-hand`` mark's operator and reason (who, why); None on a catch-up.
+    operator: Mapped[str | None] = mapped_column(String(200))
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Delivery(Base):
@@ -654,7 +659,9 @@ class Operation(Base):
     __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    #: ``bulk-replay``: every replayable delivery matching ``criteria`` queued again.
+    #: ``bulk-replay``: every replayable delivery matching ``criteria`` queued again;
+    #: ``mark-handled``: a window of a source's downtime handled by hand
+    #: (``criteria``: the source, the window and the reason; ``models.catchup``).
     kind: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(200))
     operator: Mapped[str] = mapped_column(String(200))

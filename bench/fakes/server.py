@@ -1,7 +1,8 @@
 """What every fake API here shares: a real HTTP server on 127.0.0.1, run on a
 thread of its own, that hands each request to the fake and writes its answer.
 
-A fake (``bench.fakes.github_api``, ``bench.fakes.jira_api``) subclasses
+A fake (``bench.fakes.github_api``, ``bench.fakes.jira_api``,
+``bench.fakes.gitlab_api``) subclasses
 :class:`FakeServer` and answers :meth:`FakeServer._answer`; starting,
 stopping (every connection and handler thread ended) and the context
 manager are written here once.

@@ -288,6 +288,13 @@ def overview(request: Request, user: User) -> HTMLResponse:
                 "counts": rate.counts,
             },
             "catch_ups": [run for run in found.last_catch_ups if run.source in sources],
+            # Each window with the command that covers it (models.catchup.catch_up_command).
+            "uncovered": [
+                (source, window, found.command(source, window), found.mark_command(source, window))
+                for source, windows in found.uncovered.items()
+                if source in sources
+                for window in windows
+            ],
             "workspaces": [(w, streams.get(w.id, 0)) for w in scope.workspaces],
         }
 

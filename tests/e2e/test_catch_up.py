@@ -2,8 +2,9 @@
 fake GitHub's log as failed deliveries; the real CLI recovers them, a real
 worker makes 50 tasks, once each, and nothing is made twice -- not by a second
 run, not by GitHub's own redelivery arriving late. The same with the state
-scan (items older than the log) and with Jira's search. Real processes on
-PostgreSQL and Redis; GitHub and Jira are bench/fakes/."""
+scan (items older than the log), with Jira's search, and with GitLab's hook
+events and scan. Real processes on PostgreSQL and Redis; GitHub, Jira and
+GitLab are bench/fakes/."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ import pytest
 from sqlalchemy import func, select
 
 from bench.fakes.github_api import FakeGitHub
+from bench.fakes.gitlab_api import FakeGitLab
 from bench.fakes.jira_api import FakeJira
-from models.catchup import set_jira_access, set_log_access
+from models.catchup import set_gitlab_access, set_jira_access, set_log_access
 from models.db import session_scope
+from models.providers import PROVIDERS
 from models.sources import add_source
 from models.tables import Delivery, Task, WebhookSource, utcnow
 from models.workspaces import create_workspace
-from tests.support.deliveries import FIXTURES, github_headers
+from tests.support.deliveries import FIXTURES, github_headers, gitlab_issue_opened
 from tests.support.processes import ROOT, finished, wait_until, worker_environment
 
 pytestmark = pytest.mark.e2e
@@ -231,3 +234,68 @@ def test_fifty_jira_issues_missed_become_fifty_tasks_once_by_a_search(
         assert again["missed"] == [] and again["recovered"] == []
 
     assert len(tasks_in(sessions, workspace_id)) == ISSUES
+
+
+def test_fifty_gitlab_issues_missed_become_fifty_tasks_once_from_events_and_a_scan(
+    postgres_url, broker_url, sessions, start_worker, start_ingress
+):
+    token, project = "glpat-e2e-catch-up", "gitlabhq/gitlab-test"
+    with FakeGitLab(token=token) as gitlab:
+        workspace_id = a_workspace_with(
+            sessions, "gitlab", "outage-gitlab", create_events=["Issue Hook.open"]
+        )
+        gitlab.add_project(project)
+        hook = gitlab.add_hook(
+            f"projects/{project}", "https://in.example.com/webhooks/gitlab/outage-gitlab"
+        )
+        keys = {}
+        for iid in range(1, ISSUES + 1):
+            gitlab.create_issue(
+                project,
+                iid=iid,
+                id=300 + iid,
+                web_url=f"http://example.com/{project}/-/issues/{iid}",
+                title=f"Issue {iid}",
+            )
+            if iid <= ISSUES // 2:  # GitLab tried these, then disabled the hook
+                keys[iid] = str(uuid.uuid4())
+                payload = json.loads(gitlab_issue_opened(iid))
+                gitlab.record_event(
+                    hook, event="Issue Hook", payload=payload, idempotency_key=keys[iid]
+                )
+        with session_scope(sessions) as session:
+            set_gitlab_access(
+                session=session,
+                slug="outage-gitlab",
+                owner=f"projects/{project}",
+                token=token,
+                site_url=gitlab.base_url,
+            )
+        worker = start_worker("gitlab")
+        ingress = start_ingress()
+        run = ("catch-up", "gitlab", "--source", "outage-gitlab")
+        first = taskhook(postgres_url, broker_url, *run, secret=token)
+        assert len(first["recovered"]) == ISSUES
+        assert sorted(first["missed"][: ISSUES // 2]) == sorted(keys.values())
+        wait_until(
+            finished(sessions, *first["recovered"]),
+            timeout=60,
+            what="the GitLab catch-up",
+            logs=[worker, ingress.process],
+        )
+        again = taskhook(postgres_url, broker_url, *run, "--since", "1d", secret=token)
+        assert again["missed"] == [] and again["recovered"] == []
+
+        # GitLab's own retry of one of them, once the hook is enabled again:
+        # the same Idempotency-Key. A duplicate, never a second task.
+        body = gitlab_issue_opened(7)
+        headers = PROVIDERS["gitlab"].sample_headers(
+            body, SECRET, event="Issue Hook", delivery_id=keys[7]
+        )
+        answer = httpx.post(
+            f"{ingress.url}/webhooks/gitlab/outage-gitlab", content=body, headers=headers
+        )
+        assert answer.status_code == 202 and answer.json() == {"status": "duplicate"}
+
+    expected = sorted(f"gl-issue/{project}#{iid}" for iid in range(1, ISSUES + 1))
+    assert tasks_in(sessions, workspace_id) == expected

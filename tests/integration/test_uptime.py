@@ -6,17 +6,21 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from ingest.app import create_app
+from models.catchup import mark_handled, window_start
 from models.db import session_scope
+from models.errors import InvalidOperation, SourceNotFound
 from models.settings import Settings
+from models.sources import add_source
 from models.tables import CatchUpRun, IngressHeartbeat, utcnow
 from models.uptime import Window, downtime, uncovered
 from tests.support.processes import wait_until
-from tests.support.scenarios import a_source
+from tests.support.scenarios import SECRET, a_source
 from tests.support.stores import Store
 from worker.cli import cli
 
@@ -204,9 +208,135 @@ def test_metrics_show_the_uncovered_downtime_and_the_last_catch_up(store: Store)
             if line.startswith("taskhook_") and ("catchup" in line or "downtime" in line)
         }
 
+    since = (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%S")
+    command = f"taskhook catch-up github --source acme-github --since {since}"
     hidden = scrape()
-    assert hidden['taskhook_uncovered_downtime_seconds{source="-"}'] > 3600
+    assert hidden[f'taskhook_uncovered_downtime_seconds{{command="{command}",source="-"}}'] > 3600
     assert hidden['taskhook_catchup_last_failed{source="-"}'] == 1
     named = scrape(metrics_source_labels=True)
-    assert named['taskhook_uncovered_downtime_seconds{source="acme-github"}'] > 3600
+    assert (
+        named[f'taskhook_uncovered_downtime_seconds{{command="{command}",source="acme-github"}}']
+        > 3600
+    )
     assert named['taskhook_catchup_last_recovered{source="acme-github"}'] == 0
+
+
+def stats_of(store: Store, *args: str):
+    result = CliRunner(env={"TASKHOOK_DATABASE_URL": store.url}).invoke(cli, ["stats", *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def a_source_of(store: Store, provider: str, slug: str) -> int:
+    with session_scope(store.sessions) as session:
+        return add_source(
+            session=session,
+            provider=provider,
+            workspace_id=store.workspace().id,
+            slug=slug,
+            secret=SECRET,
+            create_events=["Issue Hook.open" if provider == "gitlab" else "jira:issue_created"],
+            site_url="https://acme.atlassian.net" if provider == "jira" else None,
+        ).id
+
+
+def test_stats_names_each_providers_own_catch_up(store: Store):
+    a_source_of(store, "gitlab", "acme-gitlab")
+    now = utcnow()
+    up(store, now - timedelta(hours=3), now - timedelta(hours=2), stopped=True)
+    up(store, now - timedelta(hours=1), now)
+    since = (now - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%S")
+
+    shown = stats_of(store)
+
+    assert f"taskhook catch-up gitlab --source acme-gitlab --since {since}" in shown
+    assert "catch-up github --source acme-gitlab" not in shown
+    assert f"taskhook catch-up mark-handled --source acme-gitlab --since {since}" in shown
+
+
+def test_a_window_marked_as_handled_by_hand_is_reported_no_more_but_never_moves_a_cursor(
+    store: Store,
+):
+    source_id = a_source_of(store, "gitlab", "acme-gitlab")
+    now = utcnow()
+    up(store, now - timedelta(hours=3), now - timedelta(hours=2), stopped=True)
+    up(store, now - timedelta(hours=1), now)
+    assert "Not caught up: acme-gitlab" in stats_of(store)
+
+    marked = CliRunner(env={"TASKHOOK_DATABASE_URL": store.url}).invoke(
+        cli,
+        [
+            "catch-up", "mark-handled", "--source", "acme-gitlab",
+            "--since", (now - timedelta(hours=2, minutes=1)).strftime("%Y-%m-%dT%H:%M:%S"),
+            "--until", (now - timedelta(minutes=59)).strftime("%Y-%m-%dT%H:%M:%S"),
+            "--reason", "issues filed by hand from GitLab's UI", "--operator", "alice",
+        ],
+    )  # fmt: skip
+
+    assert marked.exit_code == 0, marked.output
+    assert "as handled by hand (operator alice)" in marked.stdout
+    shown = stats_of(store)
+    assert "Not caught up" not in shown
+    assert "Handled by hand: acme-gitlab from" in shown
+    assert "marked by alice" in shown and "issues filed by hand from GitLab's UI" in shown
+    assert "Last catch-up of acme-gitlab" not in shown  # a mark is no catch-up
+    app = create_app(Settings(database_url=store.url, metrics_source_labels=True))
+    with TestClient(app) as client:
+        scraped = client.get("/metrics").text
+    gauges = [line for line in scraped.splitlines() if 'source="acme-gitlab"' in line]
+    assert not [line for line in gauges if "uncovered_downtime" in line or "catchup" in line]
+    (mark,) = json.loads(stats_of(store, "--json"))["handled_by_hand"]
+    assert mark["operator"] == "alice"
+    history = CliRunner(env={"TASKHOOK_DATABASE_URL": store.url}).invoke(
+        cli, ["operations", "list"]
+    )
+    assert "mark-handled" in history.stdout and "alice" in history.stdout
+    with session_scope(store.sessions) as session:
+        # The next catch-up still reads from as far back as it would have.
+        assert window_start(session=session, source_id=source_id, now=now) < now - timedelta(days=2)
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "slug", "error", "said"),
+    [
+        (2, 3, "acme-gitlab", InvalidOperation, "--until must be after --since"),
+        (2, -1, "acme-gitlab", InvalidOperation, "--until is in the future"),
+        (3, 2, "nobody", SourceNotFound, "no webhook source named 'nobody'"),
+    ],
+)
+def test_a_mark_refuses_a_window_backwards_in_the_future_or_of_no_source(
+    store: Store, since, until, slug, error, said
+):
+    a_source_of(store, "gitlab", "acme-gitlab")
+    now = utcnow()
+    with session_scope(store.sessions) as session, pytest.raises(error, match=said):
+        mark_handled(
+            session=session,
+            slug=slug,
+            since=now - timedelta(hours=since),
+            until=now - timedelta(hours=until),
+            operator="alice",
+            reason="done",
+        )
+
+
+def test_a_mark_refused_on_the_command_line_is_one_line(store: Store):
+    a_source_of(store, "gitlab", "acme-gitlab")
+    result = CliRunner(env={"TASKHOOK_DATABASE_URL": store.url}).invoke(
+        cli,
+        [
+            "catch-up", "mark-handled", "--source", "acme-gitlab", "--since", "2026-12-01T10:00",
+            "--until", "2026-12-01T09:00", "--reason", "x", "--operator", "alice",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == ["Error: --until must be after --since"]
+    unknown = CliRunner(env={"TASKHOOK_DATABASE_URL": store.url}).invoke(
+        cli,
+        [
+            "catch-up", "mark-handled", "--source", "nobody", "--since", "2026-12-01T08:00",
+            "--until", "2026-12-01T09:00", "--reason", "x", "--operator", "alice",
+        ],
+    )  # fmt: skip
+    assert unknown.exit_code == 1
+    assert unknown.output.strip().splitlines() == ["Error: no webhook source named 'nobody'"]

@@ -7,7 +7,9 @@ run's cursor:
 - ``log`` (:func:`catch_up_github`): GitHub's delivery log, below;
 - ``scan`` (:func:`scan_github`): a repository's issues and pull requests
   created since a time, for what is older than the log;
-- ``search`` (:func:`catch_up_jira`): a Jira site's issues created since a time.
+- ``search`` (:func:`catch_up_jira`): a Jira site's issues created since a time;
+- ``gitlab`` (:func:`catch_up_gitlab`): a GitLab hook's recorded events, as the
+  log below, then a scan of the project's or group's issues and merge requests.
 
 The log: GitHub never redelivers a delivery that failed. A run lists the hook's log
 since the source's cursor, groups the attempts by ``guid`` (constant across
@@ -43,6 +45,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -51,9 +54,12 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.catchup import (
+    GITLAB_KIND,
+    GitLabSettings,
     JiraSettings,
     LogSettings,
     checked_repo,
+    gitlab_settings,
     jira_settings,
     known_delivery_ids,
     known_identities,
@@ -67,7 +73,7 @@ from models.intake import incoming_delivery, kept_header_names, read_delivery
 from models.providers import PROVIDERS, Provider
 from models.sources import VerifyingSource, verifying_source
 from models.tables import CatchUpRun, utcnow
-from worker.catchup.api import CatchUpError
+from worker.catchup.api import BadCredentials, CatchUpError
 from worker.catchup.github_issues import AppInstallation, IssueListing, ListedItem
 from worker.catchup.github_log import (
     AppJwt,
@@ -76,6 +82,7 @@ from worker.catchup.github_log import (
     LoggedAttempt,
     missed_creates,
 )
+from worker.catchup.gitlab_api import GitLabApi, GitLabItem, HookEvent
 from worker.catchup.jira_search import FoundIssue, JiraSearch
 
 log = logging.getLogger(__name__)
@@ -92,12 +99,14 @@ STORE_BATCH = 50
 PREFETCHED = 200
 GITHUB = PROVIDERS["github"]
 JIRA = PROVIDERS["jira"]
+GITLAB = PROVIDERS["gitlab"]
 
 #: Hands the keys of stored deliveries, committed, to the worker.
 Send = Callable[[list[int]], None]
 LogFactory = Callable[[LogSettings], DeliveryLog]
 ListingFactory = Callable[[LogSettings, str], IssueListing]
 SearchFactory = Callable[[JiraSettings], JiraSearch]
+GitLabFactory = Callable[[GitLabSettings], GitLabApi]
 
 
 @dataclass
@@ -123,6 +132,12 @@ class CatchUpReport:
     #: Delivery ids the ingress's reading refused, with why.
     refused: dict[str, str] = field(default_factory=dict)
     covered_until: datetime | None = None
+    #: A GitLab run's: the hook whose events it read (None: it read none), and
+    #: how many items its scan listed.
+    hook_id: str | None = None
+    #: Why the hook's events were not read, when GitLab refused them.
+    hook_note: str | None = None
+    items_listed: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,6 +165,10 @@ def open_listing(settings: LogSettings, repo: str) -> IssueListing:
 
 def open_search(settings: JiraSettings) -> JiraSearch:
     return JiraSearch(site_url=settings.site_url, token=settings.token, email=settings.email)
+
+
+def open_gitlab(settings: GitLabSettings) -> GitLabApi:
+    return GitLabApi(api_base_url=settings.api_base_url, token=settings.token)
 
 
 def _github_credential(settings: LogSettings) -> dict[str, Any]:
@@ -253,6 +272,91 @@ def catch_up_jira(
         )
 
     return _run(sessions, report, read, covers=True)
+
+
+def catch_up_gitlab(
+    *,
+    sessions: sessionmaker[Session],
+    slug: str,
+    send: Send,
+    since: datetime | None = None,
+    dry_run: bool = False,
+    open_api: GitLabFactory = open_gitlab,
+) -> CatchUpReport:
+    """One catch-up of GitLab source ``slug``: first its hook's recorded
+    events (the configured hook, else the one of the project's or group's
+    hooks that posts to the source's route), each create delivery the inbox
+    does not hold stored under its own delivery id, as the log of GitHub's;
+    then the issues and merge requests created since ``since``, each the
+    workspace never had -- nor the events just read held -- stored as a
+    synthesized ``open``. GitLab stops sending to a hook that keeps failing,
+    so only the scan covers the window."""
+    settings, source, report = _start(
+        sessions, GITLAB, slug, GITLAB_KIND, since, dry_run, gitlab_settings
+    )
+
+    def read(report: CatchUpReport) -> None:
+        with open_api(settings) as api:
+            report.hook_id = settings.hook_id or api.hook_of(settings.owner, slug)
+            logged: set[str] = set()
+            if report.hook_id is not None:
+                try:
+                    events = list(
+                        api.hook_events(settings.owner, report.hook_id, since=report.since)
+                    )
+                except BadCredentials as refused:
+                    # A GitLab before 17.3, or a token that may read issues but not
+                    # the hook (Maintainer): the scan still covers the window.
+                    report.hook_note = str(refused)
+                else:
+                    logged = _store_hook_events(sessions, source, report, send, events)
+            items = list(api.created_since(settings.owner, since=report.since))
+        # Issues and merge requests, merged newest first, as one listing is.
+        items.sort(key=lambda item: item.created_at, reverse=True)
+        report.items_listed = len(items)
+        report.deliveries_listed += len(items)
+        synthesized = (_gitlab_item(item) for item in items)
+        _store_synthesized(sessions, GITLAB, source, report, send, synthesized, skip=logged)
+
+    return _run(sessions, report, read, covers=True)
+
+
+def _store_hook_events(
+    sessions: sessionmaker[Session],
+    source: VerifyingSource,
+    report: CatchUpReport,
+    send: Send,
+    events: list[HookEvent],
+) -> set[str]:
+    """Store, oldest first, each create delivery among ``events`` the inbox
+    does not hold; the external ids of every create delivery read, stored
+    or held already, which the scan then leaves alone."""
+    report.attempts_listed = len(events)
+    by_id: dict[str, tuple[_Found, str | None]] = {}
+    for event in reversed(events):  # listed newest first; a retry repeats its delivery
+        headers = {k: v for k, v in event.headers.items() if k.lower() != "x-gitlab-token"}
+        if event.payload is None:
+            report.refused[f"hook event {event.id}"] = (
+                "GitLab kept no body (too large to log); the scan reads its item"
+            )
+            continue
+        body = _json_body(event.payload)
+        delivery_id = GITLAB.delivery_id(headers, body)
+        name = GITLAB.event_of(headers, event.payload)
+        if delivery_id is None or name not in source.create_events:
+            continue
+        external_id = read_delivery(GITLAB, name, event.payload, source.site_url).external_id
+        by_id.setdefault(
+            delivery_id, (_Found(delivery_id, httpx.Headers(headers), body), external_id)
+        )
+    report.deliveries_listed = len(by_id)
+    with session_scope(sessions) as session:
+        held = known_delivery_ids(session=session, source_id=source.id, delivery_ids=list(by_id))
+    missing = [found for delivery_id, (found, _) in by_id.items() if delivery_id not in held]
+    report.missed += [found.delivery_id for found in missing]
+    if not report.dry_run:
+        _store_all(sessions, GITLAB, source, iter(missing), ORIGIN, report, send)
+    return {external_id for _, external_id in by_id.values() if external_id is not None}
 
 
 def _start(
@@ -430,6 +534,35 @@ def _jira_issue(found: FoundIssue) -> tuple[str, str, _Found]:
     return found.key, event, _Found("", httpx.Headers(), _json_body(payload))
 
 
+def _gitlab_item(listed: GitLabItem) -> tuple[str, str, _Found]:
+    """The ``open`` webhook GitLab would have sent for ``listed``: the item's
+    fields where a webhook's ``object_attributes`` has them, so its external
+    id and stable key are the webhook's own."""
+    item = listed.item
+    attributes = {
+        "id": item.get("id"),
+        "iid": listed.iid,
+        "title": item.get("title"),
+        "description": item.get("description"),
+        "state": item.get("state"),
+        "created_at": item.get("created_at"),
+        "url": item.get("web_url"),
+        "confidential": item.get("confidential"),
+        "action": "open",
+    }
+    merge_request = listed.hook == "Merge Request Hook"
+    payload = {
+        "object_kind": "merge_request" if merge_request else "issue",
+        "event_type": "merge_request" if merge_request else "issue",
+        "project": {"id": item.get("project_id"), "path_with_namespace": listed.project_path},
+        "object_attributes": attributes,
+    }
+    headers = httpx.Headers({GITLAB.event_header: listed.hook})
+    marker = "!" if merge_request else "#"
+    label = f"{listed.project_path}{marker}{listed.iid}"
+    return label, f"{listed.hook}.open", _Found("", headers, _json_body(payload))
+
+
 def _store_synthesized(
     sessions: sessionmaker[Session],
     provider: Provider,
@@ -437,8 +570,11 @@ def _store_synthesized(
     report: CatchUpReport,
     send: Send,
     synthesized: Iterable[tuple[str, str, _Found]],
+    *,
+    skip: AbstractSet[str] = frozenset(),
 ) -> None:
-    """Store, oldest first, each synthesized create the workspace never had."""
+    """Store, oldest first, each synthesized create the workspace never had
+    (nor ``skip`` names: external ids another read of this run holds)."""
     by_id: dict[str, tuple[str, _Found]] = {}
     for label, event, found in synthesized:
         if event not in source.create_events:
@@ -447,6 +583,8 @@ def _store_synthesized(
         external_id = read_delivery(provider, event, payload, source.site_url).external_id
         if external_id is None:
             report.refused[label] = "it names no external id the worker could use"
+            continue
+        if external_id in skip:
             continue
         by_id[external_id] = (event, replace(found, delivery_id=SCAN_ID_PREFIX + external_id))
     with session_scope(sessions) as session:
@@ -463,7 +601,7 @@ def _store_synthesized(
         for external_id, (_, found) in reversed(by_id.items())  # listed newest first
         if external_id not in held and found.delivery_id not in stored
     ]
-    report.missed = [found.delivery_id for found in missing]
+    report.missed += [found.delivery_id for found in missing]
     if report.dry_run:
         return
     _store_all(sessions, provider, source, iter(missing), SCAN_ORIGIN, report, send)

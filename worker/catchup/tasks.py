@@ -13,7 +13,7 @@ from models.db import session_scope
 from models.errors import TaskStoreError
 from worker import runtime
 from worker.catchup.api import CatchUpError
-from worker.catchup.service import catch_up_github, catch_up_jira
+from worker.catchup.service import catch_up_github, catch_up_gitlab, catch_up_jira
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +22,10 @@ log = logging.getLogger(__name__)
 def catch_up(self) -> dict[str, Any]:
     """Catch up every source with access to its provider, one after the
     other: a GitHub source from its delivery log, a Jira source by a search
-    of its site. A source that fails (bad credentials, a rate limit, the API down)
-    is recorded on its run and logged; the others go on, and the next beat
-    tries it again: never a crash loop."""
+    of its site, a GitLab source from its hook's events and a scan. A source
+    that fails (bad credentials, a rate limit, the API down) is recorded on
+    its run and logged; the others go on, and the next beat tries it again:
+    never a crash loop."""
 
     per_message = runtime.settings().relay_keys_per_message
 
@@ -37,7 +38,7 @@ def catch_up(self) -> dict[str, Any]:
         sources = sources_to_catch_up(session=session)
     done: dict[str, Any] = {}
     for slug, provider in sources:
-        run = catch_up_jira if provider == "jira" else catch_up_github
+        run = _RUNS.get(provider, catch_up_github)
         try:
             report = run(sessions=runtime.sessions(), slug=slug, send=send)
         except (CatchUpError, TaskStoreError) as error:
@@ -46,3 +47,7 @@ def catch_up(self) -> dict[str, Any]:
             continue
         done[slug] = {"missed": len(report.missed), "recovered": len(report.recovered)}
     return done
+
+
+#: Which catch-up reads each provider's sources.
+_RUNS = {"jira": catch_up_jira, "gitlab": catch_up_gitlab}

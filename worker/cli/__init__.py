@@ -29,10 +29,11 @@ one module per command group: ``db``, ``workspaces`` (add, list, the steps'
 WIP limits), ``sources``, ``tasks`` (task lookup, task archive, explain,
 release), ``identities`` (the names tasks answer to, and operator merges),
 ``deliveries`` (list, show, replay, replay-matching, stats), ``operations``
-(the history of bulk replays), ``catchup`` (recover deliveries from a
-provider's delivery log), ``tokens``, ``demo`` (a workspace to try, signed
-samples to send it), ``mcp`` (the MCP server on stdio), ``start`` (the
-Procfile's processes, as ``scripts/run`` starts them).
+(the history of bulk replays and by-hand marks), ``catchup`` (recover
+deliveries from a provider's log or its items, or mark a window as handled by
+hand), ``tokens``, ``demo`` (a workspace to try, signed samples to send it),
+``mcp`` (the MCP server on stdio), ``start`` (the Procfile's processes, as
+``scripts/run`` starts them).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import click
 
 from models.broker.messages import DELIVERIES_QUEUE, message_groups, task_for
-from models.catchup import checked_repo
+from models.catchup import checked_repo, mark_handled
 from models.tables import utcnow
 from worker.cli import runtime as cli_runtime
 from worker.cli.output import emit_json, json_option, print_fields
-from worker.cli.params import checked_by
+from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ class Since(click.ParamType):
 @click.group("catch-up")
 def catch_up() -> None:
     """Recover deliveries the sender failed to get through: GitHub's delivery
-    log or a scan of its issues, Jira's search."""
+    log or a scan of its issues, Jira's search, GitLab's hook events and a scan
+    of its issues and merge requests; or mark a window as handled by hand."""
 
 
 _since_option = click.option(
@@ -131,6 +132,89 @@ def catch_up_jira_command(
     _run_and_report(runtime, catch_up_jira, slug, since, dry_run, as_json)
 
 
+@catch_up.command("gitlab")
+@click.option("--source", "slug", required=True, help="The GitLab source to catch up.")
+@_since_option
+@_dry_run_option
+@json_option
+@pass_runtime
+def catch_up_gitlab_command(
+    runtime: CommandRuntime, slug: str, since: datetime | None, dry_run: bool, as_json: bool
+) -> None:
+    """Read the source's hook's recorded events (GitLab 17.3 and later keep 7
+    days of them) and store each create delivery the inbox does not hold; then
+    list the project's or group's issues and merge requests created since the
+    last run and store an open for each one the workspace never had: the
+    worker then creates its task, once. Safe to run again and again."""
+    from worker.catchup.service import catch_up_gitlab
+
+    _run_and_report(runtime, catch_up_gitlab, slug, since, dry_run, as_json)
+
+
+@catch_up.command("mark-handled")
+@click.option("--source", "slug", required=True, help="The source whose window was handled.")
+@click.option(
+    "--since",
+    type=Since(),
+    required=True,
+    metavar="TIME",
+    help="The window's start: a UTC date or time, or how long ago (6h).",
+)
+@click.option(
+    "--until",
+    type=Since(),
+    required=True,
+    metavar="TIME",
+    help="The window's end: a UTC date or time, or how long ago (90m).",
+)
+@click.option("--reason", required=True, help="How it was handled: kept in the history.")
+@click.option(
+    "--operator", default=None, callback=operator_or_os_user, help="Who handled it [the OS user]."
+)
+@json_option
+@pass_runtime
+def mark_handled_command(
+    runtime: CommandRuntime,
+    slug: str,
+    since: datetime,
+    until: datetime,
+    reason: str,
+    operator: str,
+    as_json: bool,
+) -> None:
+    """Record that the source's deliveries from --since to --until were handled
+    by hand (for a sender taskhook cannot read, or an API that will not
+    answer): stats, the console and /metrics no longer report a window of
+    downtime within it. Recorded with who and why, in stats and in
+    taskhook operations list; it reads nothing and stores nothing."""
+    with runtime.session() as session:
+        run = mark_handled(
+            session=session,
+            slug=slug,
+            since=since,
+            until=until,
+            operator=operator,
+            reason=reason,
+        )
+        run_id = run.id
+    if as_json:
+        emit_json(
+            {
+                "run": run_id,
+                "source": slug,
+                "since": since,
+                "until": until,
+                "operator": operator,
+                "reason": reason,
+            }
+        )
+        return
+    click.echo(
+        f"Marked {slug} from {since:%Y-%m-%d %H:%M:%S} to {until:%Y-%m-%d %H:%M:%S} UTC "
+        f"as handled by hand (operator {operator}). History: taskhook operations list"
+    )
+
+
 def _run_and_report(
     runtime: CommandRuntime,
     run: Callable[..., CatchUpReport],
@@ -177,6 +261,11 @@ def _run_and_report(
                 "recovered": report.recovered,
                 "refused": report.refused,
                 "not_sent": unsent,
+                **(
+                    {"hook_id": report.hook_id, "hook_note": report.hook_note}
+                    if report.kind == "gitlab"
+                    else {}
+                ),
             }
         )
         return
@@ -186,6 +275,17 @@ def _run_and_report(
             ("Attempts listed", report.attempts_listed),
             ("Deliveries listed", report.deliveries_listed),
         )
+    elif report.kind == "gitlab":
+        if report.hook_note is not None:
+            events = f"none read: {report.hook_note}; scanned only"
+        elif report.hook_id is not None:
+            events = f"{report.attempts_listed} (hook {report.hook_id})"
+        else:
+            events = (
+                "none read: no hook id set, and no hook of the project or group posts to "
+                "this source (taskhook source catch-up NAME ... --hook-id ID)"
+            )
+        listed = (("Hook events listed", events), ("Items created since", report.items_listed))
     else:
         listed = (("Items created since", report.deliveries_listed),)
     print_fields(
@@ -212,6 +312,7 @@ _READ = {
     "log": "GitHub's delivery log",
     "scan": "GitHub's issues and pull requests",
     "search": "Jira's issue search",
+    "gitlab": "GitLab's hook events, then its issues and merge requests",
 }
 
 

@@ -531,7 +531,9 @@ def deliveries_prune(runtime: CommandRuntime, dry_run: bool, as_json: bool) -> N
 def stats(runtime: CommandRuntime, as_json: bool) -> None:
     """Deliveries by status, the age of the oldest queued one, how many were
     ignored as events their provider does not know, each source's last
-    catch-up, and the windows no ingress was up that no catch-up has covered."""
+    catch-up, the windows marked as handled by hand, and the windows no
+    ingress was up that no catch-up has covered, each with the command that
+    covers it."""
     with runtime.session() as session:
         found = inbox_stats(session=session)
         missed = gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
@@ -586,15 +588,25 @@ def _print_gaps(missed: Gaps) -> None:
                 + ", ".join(run.recovered_items)
                 + (f" and {more} more" if more > 0 else "")
             )
+    for mark in missed.handled_by_hand:
+        click.echo(
+            f"Handled by hand: {mark.source} from {format_when(mark.since)} to "
+            f"{format_when(mark.until)} UTC, marked by {mark.operator} on "
+            f"{format_when(mark.marked_at)} UTC: {mark.reason}"
+        )
     for source, windows in missed.uncovered.items():
-        command = "jira" if missed.providers.get(source) == "jira" else "github"
         for window in windows:
             click.echo(
                 f"Not caught up: {source} -- no ingress was up from {format_when(window.start)} "
                 f"to {format_when(window.end)} UTC ({format_age(window.seconds)}); "
-                f"taskhook catch-up {command} --source {source} "
-                f"--since {window.since.strftime('%Y-%m-%dT%H:%M:%S')}"
+                f"{missed.command(source, window)}"
             )
+            click.echo(f"  Handled it by hand? {missed.mark_command(source, window)}")
 
 
-_RUN_KINDS = {"log": "delivery log", "scan": "scan", "search": "Jira search"}
+_RUN_KINDS = {
+    "log": "delivery log",
+    "scan": "scan",
+    "search": "Jira search",
+    "gitlab": "GitLab hook events and scan",
+}

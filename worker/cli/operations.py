@@ -1,4 +1,5 @@
-"""``taskhook operations``: the history of operators' bulk actions (bulk replays)."""
+"""``taskhook operations``: the history of operators' bulk actions (bulk replays,
+windows of downtime marked as handled by hand)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from worker.cli.runtime import CommandRuntime, pass_runtime
 
 @click.group()
 def operations() -> None:
-    """The operations history: every bulk replay, by whom, on what, and what it did."""
+    """The operations history: every bulk replay and every window marked as
+    handled by hand (catch-up mark-handled), by whom, on what, and what it did."""
 
 
 @operations.command("list")

@@ -13,14 +13,18 @@ from sqlalchemy.exc import IntegrityError
 
 from models.catchup import (
     GITHUB_API,
+    GITLAB_URL,
+    catch_up_command,
     checked_api_url,
     checked_app_id,
     checked_email,
+    checked_gitlab_owner,
     checked_hook_id,
     checked_jql,
     checked_private_key,
     checked_target,
     set_app_access,
+    set_gitlab_access,
     set_jira_access,
     set_log_access,
 )
@@ -300,7 +304,8 @@ def _private_key_of(path: str) -> str:
     "--hook-id",
     default=None,
     callback=checked_by(checked_hook_id),
-    help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID).",
+    help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID), "
+    "or GitLab's hook whose URL ends with the source's name.",
 )
 @click.option(
     "--api-url",
@@ -343,7 +348,20 @@ def _private_key_of(path: str) -> str:
     "--site",
     default=None,
     callback=checked_by(checked_api_url),
-    help="A Jira source: the site's URL; by default the one the source names.",
+    help="A Jira source: the site's URL; by default the one the source names. "
+    f"A GitLab source: the instance's URL [{GITLAB_URL}].",
+)
+@click.option(
+    "--project",
+    default=None,
+    callback=checked_by(lambda project: checked_gitlab_owner(f"projects/{project}")),
+    help="A GitLab source: its hook's project, by id or full path (group/project).",
+)
+@click.option(
+    "--group",
+    default=None,
+    callback=checked_by(lambda group: checked_gitlab_owner(f"groups/{group}")),
+    help="A GitLab source: its hook's group, by id or full path.",
 )
 @click.option(
     "--jql",
@@ -367,19 +385,39 @@ def source_catch_up(
     pat: bool,
     site: str | None,
     jql: str | None,
+    project: str | None,
+    group: str | None,
     as_json: bool,
 ) -> None:
     """Let source NAME be caught up: a GitHub source from its hook's delivery
-    log (and by a scan of its issues), a Jira source by a search of its site.
+    log (and by a scan of its issues), a Jira source by a search of its site,
+    a GitLab source from its hook's events and a scan of its issues and merge
+    requests.
 
     A repository's or organization's hook (--repo, --org) is read with a token
     (fine-grained, with read access to its webhooks and issues), asked for
     without echo or read from stdin. A GitHub App's own hook (--app-id,
     --private-key-file) is read with JWTs the App's private key signs. A Jira
     site is read with an account's email and API token (--email, Jira Cloud)
-    or a personal access token (--pat, Data Center). No credential is ever
-    shown again. Then: taskhook catch-up github --source NAME (or jira).
+    or a personal access token (--pat, Data Center). A GitLab project or
+    group (--project, --group; --site for a self-managed instance) is read
+    with an access token with the read_api scope (Maintainer, or Owner of a
+    group, to read its hook's events); --hook-id names the hook, by default
+    the one whose URL ends with the source's name. No credential is ever
+    shown again. Then: taskhook catch-up github|jira|gitlab --source NAME.
     """
+    if project is not None or group is not None:
+        if project is not None and group is not None:
+            raise click.UsageError(
+                "a GitLab hook is a project's (--project) or a group's (--group)"
+            )
+        if repo or org or app_id or private_key or email or pat or jql:
+            raise click.UsageError(
+                "--project and --group are for a GitLab source: they take no --repo, --org, "
+                "--app-id, --email, --pat or --jql"
+            )
+        _gitlab_access(runtime, name, project or group, hook_id, site, token_stdin, as_json)
+        return
     if email is not None or pat or site is not None or jql is not None:
         if (email is None) == (not pat):
             raise click.UsageError(
@@ -401,7 +439,7 @@ def source_catch_up(
             emit_json({"source": name, "site": site, "email": email, "jql": jql})
             return
         click.echo(f"{name} can be caught up by a search of {site}.")
-        click.echo(f"Then: taskhook catch-up jira --source {name} --dry-run")
+        click.echo(f"Then: {catch_up_command('jira', name)} --dry-run")
         return
     if app_id is not None or private_key is not None:
         _check_app_options(app_id, private_key, repo or org, hook_id, token_stdin)
@@ -470,4 +508,32 @@ def _report_access(
         return
     whose = f"GitHub App {app_id}'s own hook" if app_id is not None else f"{target}'s hook"
     click.echo(f"{name} can be caught up from the log of {whose} at {api_url}.")
-    click.echo(f"Then: taskhook catch-up github --source {name} --dry-run")
+    click.echo(f"Then: {catch_up_command('github', name)} --dry-run")
+
+
+def _gitlab_access(
+    runtime: CommandRuntime,
+    name: str,
+    owner: str,
+    hook_id: str | None,
+    site: str | None,
+    token_stdin: bool,
+    as_json: bool,
+) -> None:
+    token = _token(token_stdin, "Access token")
+    with runtime.session() as session:
+        access = set_gitlab_access(
+            session=session,
+            slug=name,
+            owner=owner,
+            token=token,
+            hook_id=hook_id,
+            site_url=site or GITLAB_URL,
+        )
+        api_url = access.api_base_url
+    if as_json:
+        emit_json({"source": name, "target": owner, "hook_id": hook_id, "api_url": api_url})
+        return
+    hook = f"hook {hook_id}" if hook_id else "the hook whose URL ends with its name"
+    click.echo(f"{name} can be caught up from {owner} ({hook}) at {api_url}.")
+    click.echo(f"Then: {catch_up_command('gitlab', name)} --dry-run")

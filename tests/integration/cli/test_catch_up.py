@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bench.fakes.github_api import FakeGitHub
+from bench.fakes.gitlab_api import FakeGitLab
 from bench.fakes.jira_api import FakeJira
 from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES
 from models.db import session_scope
@@ -364,3 +365,106 @@ def test_catch_up_jira_of_a_github_source_says_which_it_is(store: Store, github_
     assert "is a github source, not Jira's" in line
     given = taskhook(store, "source", "catch-up", "acme-github", "--pat", input="t\n")
     assert "this access is for a Jira site" in refused(given)
+
+
+GITLAB_TOKEN = "glpat-cli-token-never-printed"
+
+
+@pytest.fixture
+def gitlab_project(store: Store) -> Iterator[FakeGitLab]:
+    workspace = store.workspace()
+    with session_scope(store.sessions) as session:
+        add_source(
+            session=session,
+            provider="gitlab",
+            workspace_id=workspace.id,
+            slug="acme-gitlab",
+            secret=SECRET,
+            create_events=["Issue Hook.open", "Merge Request Hook.open"],
+        )
+    with FakeGitLab(token=GITLAB_TOKEN) as gitlab:
+        gitlab.add_project("acme/widgets")
+        for _ in range(2):
+            gitlab.create_issue("acme/widgets")
+        gitlab.create_merge_request("acme/widgets")
+        yield gitlab
+
+
+def test_catch_up_gitlab_scans_the_project_and_stores_each_item_once(
+    store: Store, gitlab_project: FakeGitLab, celery: FakeApp
+):
+    given = taskhook(
+        store,
+        "source",
+        "catch-up",
+        "acme-gitlab",
+        "--project",
+        "acme/widgets",
+        "--site",
+        gitlab_project.base_url,
+        input=f"{GITLAB_TOKEN}\n",
+    )
+    assert given.exit_code == 0, given.output
+    assert "Then: taskhook catch-up gitlab --source acme-gitlab --dry-run" in given.stdout
+    run = ("catch-up", "gitlab", "--source", "acme-gitlab")
+
+    dry = as_json(taskhook(store, *run, "--dry-run", "--json"))
+    assert len(dry["missed"]) == 3 and celery.sent == []
+    done = as_json(taskhook(store, *run, "--json"))
+    assert done["kind"] == "gitlab" and len(done["recovered"]) == 3
+    again = taskhook(store, *run)
+    assert again.exit_code == 0 and "GitLab's hook events, then its issues" in again.stdout
+    assert "Hook events listed" in again.stdout and "no hook id set" in again.stdout
+    stats = taskhook(store, "stats").stdout
+    assert "Last catch-up of acme-gitlab (GitLab hook events and scan)" in stats
+    for output in (given.output, dry, done, again.output, stats):
+        assert GITLAB_TOKEN not in str(output)
+
+
+def test_catch_up_gitlab_with_a_wrong_token_is_one_clear_line(
+    store: Store, gitlab_project: FakeGitLab
+):
+    taskhook(
+        store,
+        "source",
+        "catch-up",
+        "acme-gitlab",
+        "--group",
+        "acme",
+        "--site",
+        gitlab_project.base_url,
+        input="glpat-wrong\n",
+    )
+    line = refused(taskhook(store, "catch-up", "gitlab", "--source", "acme-gitlab"))
+    assert line.startswith("Error: catch-up of acme-gitlab stopped: GitLab rejected the token")
+    assert "glpat-wrong" not in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--project", "a/b", "--group", "a"), "a project's (--project) or a group's"),
+        (("--project", "not a path"), "numeric id or its full path"),
+        (("--project", "a/b", "--repo", "acme/widgets"), "for a GitLab source"),
+        (("--group", "acme", "--site", "ftp://gitlab.example"), "http(s) URL"),
+    ],
+    ids=["both", "bad path", "and a repo", "bad site"],
+)
+def test_source_catch_up_of_gitlab_refuses_bad_values_and_stores_nothing(
+    store: Store, gitlab_project: FakeGitLab, args, says
+):
+    result = taskhook(store, "source", "catch-up", "acme-gitlab", *args, input="t\n")
+    assert says in usage_error(result)
+    with session_scope(store.sessions) as session:
+        assert session.get(CatchUpSource, 1) is None
+
+
+def test_catch_up_github_of_a_gitlab_source_says_which_it_is_and_gitlab_needs_access(
+    store: Store, gitlab_project: FakeGitLab
+):
+    line = refused(taskhook(store, "catch-up", "github", "--source", "acme-gitlab"))
+    assert "is a gitlab source, not GitHub's" in line
+    line = refused(taskhook(store, "catch-up", "gitlab", "--source", "acme-gitlab"))
+    assert "taskhook source catch-up acme-gitlab --project ID (or --group ID)" in line
+    line = refused(taskhook(store, "catch-up", "gitlab", "--source", "nobody"))
+    assert line == "Error: no webhook source named 'nobody'"

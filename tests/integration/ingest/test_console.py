@@ -4,7 +4,9 @@ the store. The same pages in a real browser: tests/e2e/test_console.py."""
 
 from __future__ import annotations
 
+import html
 import re
+from datetime import timedelta
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -14,7 +16,8 @@ from ingest.console import pages as console_pages
 from ingest.console.pages import web_link
 from models.db import session_scope
 from models.operations import list_operations
-from models.tables import ConsoleSession, SourceSecret
+from models.sources import add_source
+from models.tables import ConsoleSession, IngressHeartbeat, SourceSecret, utcnow
 from tests.support.console import Console, csrf_of, open_console
 from tests.support.runs import deleted_before_it_settled
 from tests.support.stores import Store
@@ -541,3 +544,37 @@ def test_a_filter_naming_another_workspaces_source_answers_not_found(console: Co
     assert dry.status_code == 404
     assert console.post("/console/replays", csrf, source="acme-github", name="x").status_code == 404
     assert console.status_of(delivery) == "dead"
+
+
+def test_the_overview_shows_each_uncovered_window_with_its_providers_catch_up(
+    console: Console,
+):
+    with session_scope(console.store.sessions) as session:
+        add_source(
+            session=session,
+            provider="gitlab",
+            workspace_id=console.acme,
+            slug="acme-gitlab",
+            secret="gl-secret",
+            create_events=["Issue Hook.open"],
+        )
+        stopped = utcnow() - timedelta(hours=2)
+        session.add(
+            IngressHeartbeat(
+                host="h",
+                pid=1,
+                started_at=stopped - timedelta(hours=1),
+                last_seen_at=stopped,
+                stopped_at=stopped,
+            )
+        )
+    console.sign_in("acme-operator")
+
+    page = html.unescape(console.client.get("/console/").text)
+
+    table = page[page.index('id="uncovered-downtime"') : page.index('id="catch-ups"')]
+    since = stopped.strftime("%Y-%m-%dT%H:%M:%S")
+    assert f"taskhook catch-up gitlab --source acme-gitlab --since {since}" in table
+    assert f"taskhook catch-up github --source acme-github --since {since}" in table
+    assert "taskhook catch-up mark-handled --source acme-gitlab" in table
+    assert "globex-github" not in table  # another workspace's source

@@ -14,6 +14,7 @@ import worker.catchup.tasks
 import worker.operator
 import worker.tasks  # noqa: F401
 from bench.fakes.github_api import FakeGitHub
+from bench.fakes.gitlab_api import FakeGitLab
 from bench.fakes.jira_api import FakeJira
 from models.broker.messages import (
     CATCH_UP,
@@ -25,7 +26,7 @@ from models.broker.messages import (
     RELEASE_IDENTITY,
     SWEEP,
 )
-from models.catchup import set_jira_access, set_log_access
+from models.catchup import set_gitlab_access, set_jira_access, set_log_access
 from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
@@ -230,6 +231,37 @@ def test_the_catch_up_task_catches_up_each_source_and_a_failing_one_holds_up_no_
     assert message.headers["task"] == PROCESS_DELIVERIES
     assert len(message.payload[0][0]) == 2
     assert tasks_of(store.sessions, workspace.id) == []
+
+
+def test_the_catch_up_task_catches_up_a_gitlab_source_with_gitlabs_own_catch_up(
+    eager: Celery, store: Store
+):
+    workspace = store.workspace()
+    with FakeGitLab(token="glpat-beat") as gitlab:
+        gitlab.add_project("acme/widgets")
+        gitlab.create_issue("acme/widgets")
+        with session_scope(store.sessions) as session:
+            add_source(
+                session=session,
+                provider="gitlab",
+                workspace_id=workspace.id,
+                slug="c-gitlab",
+                secret="s",
+                create_events=["Issue Hook.open"],
+            )
+            set_gitlab_access(
+                session=session,
+                slug="c-gitlab",
+                owner="projects/acme/widgets",
+                token="glpat-beat",
+                site_url=gitlab.base_url,
+            )
+
+        done = eager.tasks[CATCH_UP].apply().get()
+
+    assert done["c-gitlab"] == {"missed": 1, "recovered": 1}
+    with eager.connection_for_read() as connection:
+        connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5).ack()
 
 
 def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, store: Store):
