@@ -10,6 +10,10 @@ A GET only reads. Each action is a POST from a form of the console (its CSRF
 token and Origin are checked in ``ingest.console.auth``), by an operator,
 and ends in a page that says what happened: the action's own answer, or a
 redirect to the page it changed (``?done=...`` names one of ``NOTICES``).
+What cannot be taken back is confirmed, never by a script's dialog: a
+release, finishing a rotation and revoking a token take a name typed, a
+replay with a warning a box ticked, each checked here, not only by the
+browser's ``required``.
 
 Everything a page shows is scoped to the token's workspaces, as the REST
 API is: a workspace the token may not see, and its sources, deliveries and
