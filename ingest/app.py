@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from kombu import Connection
 from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -241,6 +241,11 @@ def _add_error_handlers(app: FastAPI, settings: Settings) -> None:
 
 
 def _add_operational_routes(app: FastAPI) -> None:
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        """A person who opens the ingress's address lands on the console."""
+        return RedirectResponse(f"{console.PREFIX}/", status_code=307)
+
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
         """The process is alive."""

@@ -37,9 +37,11 @@ from celery.signals import (
     worker_init,
     worker_process_init,
     worker_process_shutdown,
+    worker_shutting_down,
 )
 from celery.utils.log import mlevel
 
+from models.broker import filesystem_transport
 from models.broker.connection import (
     broker_queues,
     broker_transport,
@@ -130,6 +132,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # and a user's own command line all start the same worker.
         "worker_pool": settings.worker_pool,
         "worker_concurrency": settings.worker_concurrency,
+        # Celery's timer thread sleeps this long between looks at its schedule,
+        # and a warm shutdown waits for it to wake: at Celery's 1 s, a second of
+        # the 5 s honcho gives a process after SIGTERM (taskhook start).
+        "worker_timer_precision": 0.2,
         # Under prefork the soft limit raises inside the task, which retries it
         # like a database error, and the hard limit kills what ignores it. The
         # threads pool enforces neither; there each PostgreSQL statement is cut
@@ -182,6 +188,14 @@ def _build_engine_in_the_child(**_: object) -> None:
 @worker_process_shutdown.connect
 def _dispose_engine(**_: object) -> None:
     runtime.reset()
+
+
+@worker_shutting_down.connect
+def _stop_waiting_for_messages(**_: object) -> None:
+    # Sent from the SIGTERM handler. On the embedded broker Celery's loop
+    # would wait up to 2 s for a message, twice, before it stops: honcho kills
+    # at 5 s (models.broker.filesystem_transport explains). A no-op elsewhere.
+    filesystem_transport.stop_waiting()
 
 
 #: Celery's loggers of its INFO lines for every task: "received"

@@ -10,6 +10,10 @@ A GET only reads. Each action is a POST from a form of the console (its CSRF
 token and Origin are checked in ``ingest.console.auth``), by an operator,
 and ends in a page that says what happened: the action's own answer, or a
 redirect to the page it changed (``?done=...`` names one of ``NOTICES``).
+What cannot be taken back is confirmed, never by a script's dialog: a
+release, finishing a rotation and revoking a token take a name typed, a
+replay with a warning a box ticked, each checked here, not only by the
+browser's ``required``.
 
 Everything a page shows is scoped to the token's workspaces, as the REST
 API is: a workspace the token may not see, and its sources, deliveries and
@@ -31,6 +35,7 @@ from urllib.parse import urlencode, urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -42,7 +47,7 @@ from ingest.runtime import IngressRuntime
 from models.console_sessions import SignedIn
 from models.db import session_scope
 from models.display import format_age, format_when
-from models.errors import NotReplayable, TaskStoreError
+from models.errors import HolderChanged, NotReplayable, TaskStoreError
 from models.inbox import BULK_REPLAYABLE, REPLAYABLE, DeliveryStatus, replay
 from models.merges import list_merges, merge, unmerge
 from models.operations import (
@@ -70,7 +75,7 @@ from models.reports import (
     timeline,
 )
 from models.sources import add_secret, get_source, retire_older_secrets
-from models.tables import Delivery, EventStream, WebhookSource
+from models.tables import Delivery, EventStream, Task, WebhookSource
 from models.tasks import release_external_id
 from models.tokens import list_tokens, revoke_token
 
@@ -98,20 +103,39 @@ def web_link(url: str | None) -> str:
 
 
 templates.filters["web_link"] = web_link
+#: What the deliveries filter's date fields take (``_when`` reads it): a date,
+#: and a 24-hour time if any.
+templates.globals["WHEN_PATTERN"] = r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2})?)?"
+
+
+def url_breaks(url: str) -> Markup:
+    """``url`` as HTML that a narrow page wraps only after a ``/`` of its path,
+    never inside a word or a slug (``acme-github``): each part is one unbroken
+    span, a ``<wbr>`` between them. The text, and so what is copied, is the URL."""
+    start = url.find("://") + 3 if "://" in url else 0
+    head, *path = url[start:].split("/")
+    parts = [url[:start] + head, *path]
+    spans = [
+        Markup("<span>{}</span>").format(part + ("/" if index < len(parts) - 1 else ""))
+        for index, part in enumerate(parts)
+    ]
+    return Markup("<wbr>").join(spans)
+
+
+templates.filters["url_breaks"] = url_breaks
 
 #: How far back the overview's chart reaches.
 CHART_HOURS = 3
 PAGE_SIZE = 50
 
 #: What a redirect after an action says (``?done=``): fixed words, never the
-#: query's own text.
+#: query's own text. An action of the task page answers with the page itself,
+#: and its notice names the tasks by identifier (``ACME-3``).
 NOTICES = {
     "replayed": "The delivery is queued again and sent to the worker.",
-    "released": "Released. The next create for this identity makes a new task.",
-    "merged": "Merged: the other task's names are this task's aliases; it is archived.",
-    "unmerged": "Undone: the names are the other task's again.",
     "rotation-finished": "Rotation finished: only the newest secret verifies now.",
     "revoked": "The token is revoked; its sessions have ended.",
+    "revoked-own": "Your own token is revoked: you are signed out. Sign in with another token.",
     "signed-out": "Signed out.",
     "replay-started": "Bulk replay done: its deliveries are queued and sent to the worker.",
 }
@@ -306,7 +330,8 @@ def overview(request: Request, user: User) -> HTMLResponse:
 
 
 def _when(value: str | None, what: str) -> datetime | None:
-    """A datetime-local field's value (``2026-12-02T04:21``), taken as UTC."""
+    """A date and time the filter's field took (``2026-12-02 04:21``, or with a
+    ``T``, seconds or an offset), taken as UTC when it names no offset."""
     if not value:
         return None
     try:
@@ -467,14 +492,24 @@ def _pretty(body: bytes) -> str:
 
 @router.post("/deliveries/{delivery_id:int}/replay")
 async def replay_one(request: Request, user: User, delivery_id: int) -> Response:
-    await auth.checked_form(request, user)
+    form = await auth.checked_form(request, user)
     auth.require_operator(user, "Replaying a delivery")
+    consent = str(form.get("consent") or "")
 
     def work(session: Session) -> None:
         scope = scope_of(session, user)
         detail = show_delivery(session=session, delivery_pk=delivery_id)
         if scope.by_slug(detail.workspace) is None:
             raise Refused(404, f"delivery {delivery_id} not found")
+        # As the CLI asks even a script: a replay that runs a resent body or
+        # creates again a deleted task needs the box beside its warning ticked.
+        plan = plan_replay(session=session, delivery_pk=delivery_id)
+        if plan.needs_consent and consent != "yes":
+            raise Refused(
+                400,
+                f"Delivery {delivery_id} was not replayed: {plan.warning}. Tick the box "
+                "beside the warning to replay it anyway.",
+            )
         replay(session=session, delivery_pk=delivery_id)
 
     await run_in_threadpool(read, request, work)
@@ -565,7 +600,8 @@ def _task_page(
         context: dict[str, Any] = {"workspaces": scope.workspaces, "workspace": workspace}
         if not external_id or workspace is None:
             return context
-        if scope.by_slug(slug) is None:
+        # No workspace named (a link, a typed URL): the one the form shows.
+        if slug is not None and scope.by_slug(slug) is None:
             return context | {"error": f"no workspace {slug!r}"}
         found = lineage(session=session, workspace_slug=workspace.slug, external_id=external_id)
         merges = (
@@ -601,7 +637,7 @@ async def release(request: Request, user: User) -> HTMLResponse:
     reason = str(form.get("reason") or "")
     confirm = str(form.get("confirm") or "").strip()
 
-    def work(session: Session) -> None:
+    def work(session: Session) -> str:
         scope = scope_of(session, user)
         workspace = scope.by_slug(slug)
         if workspace is None:
@@ -623,9 +659,21 @@ async def release(request: Request, user: User) -> HTMLResponse:
             reason=reason,
             expected_task_id=holder.id,
         )
+        return (
+            f"Released {external_id}: {holder.identifier} stays, without it. "
+            "The next create for this identity makes a new task."
+        )
 
     try:
-        await run_in_threadpool(read, request, work)
+        notice = await run_in_threadpool(read, request, work)
+    except HolderChanged as changed:
+        # The model's words name the expected task by its row id; the operator typed its identifier.
+        answer = partial(
+            _task_page,
+            status=409,
+            error=f"{external_id} is held by {changed.identifier}, not by {expected} "
+            "(the task you named); nothing was released.",
+        )
     except (Refused, TaskStoreError) as error:
         status, message = (
             (error.status, error.message)
@@ -634,16 +682,17 @@ async def release(request: Request, user: User) -> HTMLResponse:
         )
         answer = partial(_task_page, status=status, error=message)
     else:
-        answer = partial(_task_page, notice=NOTICES["released"])
+        answer = partial(_task_page, notice=notice)
     return await run_in_threadpool(answer, request, user, slug, external_id)
 
 
 def _acted(
-    request: Request, user: SignedIn, slug: str, external_id: str, work, done: str
+    request: Request, user: SignedIn, slug: str, external_id: str, work: Callable[[Session], str]
 ) -> HTMLResponse:
-    """Run an action of the task page, then show the page with its notice or its refusal."""
+    """Run an action of the task page, then show the page with the notice the
+    action returns, or its refusal."""
     try:
-        read(request, work)
+        notice = read(request, work)
     except (Refused, TaskStoreError) as error:
         status, message = (
             (error.status, error.message)
@@ -651,7 +700,7 @@ def _acted(
             else (STATUS_OF_KIND[error.kind], str(error))
         )
         return _task_page(request, user, slug, external_id, status=status, error=message)
-    return _task_page(request, user, slug, external_id, notice=NOTICES[done])
+    return _task_page(request, user, slug, external_id, notice=notice)
 
 
 @router.post("/tasks/merge")
@@ -666,7 +715,7 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
     confirm = str(form.get("confirm") or "").strip()
     reason = str(form.get("reason") or "")
 
-    def work(session: Session) -> None:
+    def work(session: Session) -> str:
         if scope_of(session, user).by_slug(slug) is None:
             raise Refused(404, f"no workspace {slug!r}")
         if not into.isdigit():
@@ -680,7 +729,13 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
                 f"No task {from_identifier!r} in workspace {slug}: give an identifier "
                 "like ACME-12.",
             )
-        merge(
+        if from_task.id == int(into):
+            raise Refused(
+                400,
+                f"{from_identifier} cannot be merged into itself: name another task to merge "
+                "into it.",
+            )
+        done = merge(
             session=session,
             caller=user.principal.caller,
             into_task_id=int(into),
@@ -688,8 +743,13 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
             operator=user.principal.name,
             reason=reason,
         )
+        into_identifier = _identifier(session, done.into_task_id)
+        return (
+            f"Merged {from_task.identifier} into {into_identifier}: its names are aliases of "
+            f"{into_identifier} now, and {from_task.identifier} is archived."
+        )
 
-    return await run_in_threadpool(_acted, request, user, slug, external_id, work, "merged")
+    return await run_in_threadpool(_acted, request, user, slug, external_id, work)
 
 
 @router.post("/merges/{merge_id:int}/undo")
@@ -701,17 +761,27 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
     external_id = str(form.get("external_id") or "").strip()
     reason = str(form.get("reason") or "")
 
-    def work(session: Session) -> None:
+    def work(session: Session) -> str:
         # Another workspace's merge answers as one that does not exist.
-        unmerge(
+        undone = unmerge(
             session=session,
             caller=user.principal.caller,
             merge_id=merge_id,
             operator=user.principal.name,
             reason=reason,
         )
+        from_identifier = _identifier(session, undone.from_task_id)
+        return (
+            f"Undone: the names merged into {_identifier(session, undone.into_task_id)} are "
+            f"{from_identifier}'s again."
+        )
 
-    return await run_in_threadpool(_acted, request, user, slug, external_id, work, "unmerged")
+    return await run_in_threadpool(_acted, request, user, slug, external_id, work)
+
+
+def _identifier(session: Session, task_id: int) -> str:
+    """A task's identifier (``ACME-3``), for a notice; its id if it is gone."""
+    return session.scalar(select(Task.identifier).where(Task.id == task_id)) or f"task {task_id}"
 
 
 # --- sources ---------------------------------------------------------------------------------
@@ -719,6 +789,12 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
 
 @router.get("/sources")
 def sources(request: Request, user: User) -> HTMLResponse:
+    return _sources_page(request, user)
+
+
+def _sources_page(
+    request: Request, user: SignedIn, *, status: int = 200, error: str | None = None
+) -> HTMLResponse:
     found = read(
         request,
         lambda session: _sources(request, session, scope_of(session, user)),
@@ -728,6 +804,8 @@ def sources(request: Request, user: User) -> HTMLResponse:
         request,
         "sources.html",
         user,
+        status=status,
+        error=error,
         page="sources",
         sources=[(source, settings.webhook_url(source.provider, source.slug)) for source in found],
     )
@@ -759,14 +837,31 @@ async def rotate_secret(request: Request, user: User, slug: str) -> HTMLResponse
 
 @router.post("/sources/{slug}/finish-rotation")
 async def finish_rotation(request: Request, user: User, slug: str) -> Response:
-    await auth.checked_form(request, user)
+    """Retire every secret of the source but the newest, once its slug is typed
+    (as a release takes its external id): a sender still signing with an older
+    secret is refused from then on."""
+    form = await auth.checked_form(request, user)
     auth.require_operator(user, "Finishing a rotation")
+    confirm = str(form.get("confirm") or "").strip()
 
     def work(session: Session) -> int:
         _visible_source(session, user, slug)
+        if confirm != slug:
+            raise Refused(
+                400,
+                f"Type the source's name ({slug}) to confirm finishing its rotation; "
+                "nothing changed.",
+            )
         return retire_older_secrets(session=session, slug=slug)
 
-    await run_in_threadpool(read, request, work)
+    try:
+        await run_in_threadpool(read, request, work)
+    except Refused as refused:
+        if refused.status != 400:
+            raise
+        return await run_in_threadpool(
+            partial(_sources_page, status=400, error=refused.message), request, user
+        )
     return _redirect(f"{PREFIX}/sources", "rotation-finished")
 
 
@@ -775,6 +870,12 @@ async def finish_rotation(request: Request, user: User, slug: str) -> Response:
 
 @router.get("/tokens")
 def tokens(request: Request, user: User) -> HTMLResponse:
+    return _tokens_page(request, user)
+
+
+def _tokens_page(
+    request: Request, user: SignedIn, *, status: int = 200, error: str | None = None
+) -> HTMLResponse:
     def work(session: Session) -> dict[str, Any]:
         scope = scope_of(session, user)
         slugs = {w.id: w.slug for w in scope.workspaces}
@@ -792,16 +893,49 @@ def tokens(request: Request, user: User) -> HTMLResponse:
             ]
         }
 
-    return render(request, "tokens.html", user, page="tokens", **read(request, work))
+    return render(
+        request,
+        "tokens.html",
+        user,
+        status=status,
+        error=error,
+        page="tokens",
+        own_token=user.principal.token_id,
+        **read(request, work),
+    )
 
 
 @router.post("/tokens/{token_id:int}/revoke")
 async def revoke(request: Request, user: User, token_id: int) -> Response:
-    await auth.checked_form(request, user)
+    """Revoke a token once its name is typed (as a release takes its external
+    id). Revoking the token one is signed in with ends one's own session: the
+    answer is the sign-in page, which says so."""
+    form = await auth.checked_form(request, user)
     auth.require_operator(user, "Revoking a token")
+    confirm = str(form.get("confirm") or "").strip()
 
     def work(session: Session) -> None:
-        revoke_token(session=session, token_id=token_id, workspace_ids=scope_of(session, user).ids)
+        # Scoped first: another workspace's token answers 404, whatever was typed.
+        record = revoke_token(
+            session=session, token_id=token_id, workspace_ids=scope_of(session, user).ids
+        )
+        if confirm != record.name:
+            # Raised inside the session scope: the revocation is rolled back.
+            raise Refused(
+                400,
+                f"Type the token's name ({record.name}) to confirm revoking it; nothing changed.",
+            )
 
-    await run_in_threadpool(read, request, work)
+    try:
+        await run_in_threadpool(read, request, work)
+    except Refused as refused:
+        if refused.status != 400:
+            raise
+        return await run_in_threadpool(
+            partial(_tokens_page, status=400, error=refused.message), request, user
+        )
+    if token_id == user.principal.token_id:
+        response = _redirect(f"{PREFIX}/sign-in", "revoked-own")
+        await run_in_threadpool(auth.sign_out, request, response)
+        return response
     return _redirect(f"{PREFIX}/tokens", "revoked")

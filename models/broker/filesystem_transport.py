@@ -23,6 +23,16 @@ A consumer takes messages cheaply and safely:
   logged, not raised: Celery stops a worker on such an error, and the
   message's inbox row is still ``queued``, so the sweeper sends it again.
 
+A consumer also stops waiting when its worker stops. Celery's loop for a
+transport like this one (``synloop``) waits in ``drain_events`` for up to
+2 s between its checks for a shutdown, and on the way out waits once more;
+with Celery's timer that made an idle worker take 4-5 s to finish a warm
+shutdown, and honcho (``taskhook start``) kills a process still running
+5 s after SIGTERM. :func:`stop_waiting`, called on Celery's
+``worker_shutting_down`` (``worker.celery_app``), ends every wait at once:
+``drain_events`` times out without taking another message, so
+the worker finishes what it runs, acknowledges it, and exits.
+
 Durability: nothing here is fsynced. A message survives the crash of the
 process that wrote it (it is in the kernel's page cache once renamed); a
 power cut or an OS crash can lose messages written since the file system
@@ -41,7 +51,7 @@ import os
 import uuid
 from collections import deque
 from queue import Empty
-from time import monotonic
+from time import monotonic, sleep
 
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
@@ -55,6 +65,17 @@ log = logging.getLogger(__name__)
 PARTIAL_SUFFIX = ".part"
 #: Beside the queue folder: the messages a consumer could not read.
 DAMAGED_FOLDER = "damaged"
+
+#: True once the process's worker is stopping: no consumer waits for a message any more.
+#: A plain flag, not a ``threading.Event``: it is set from a signal handler, which
+#: runs in the main thread, where the consumer may be inside the Event's own lock.
+_stopping = False
+
+
+def stop_waiting() -> None:
+    """End every consumer's wait for messages in this process, now and from now on."""
+    global _stopping
+    _stopping = True
 
 
 class Channel(filesystem.Channel):
@@ -151,3 +172,22 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def drain_events(self, connection, timeout=None):
+        """kombu's polling loop, which also ends when :func:`stop_waiting` was
+        called: at once, and before taking another message."""
+        started = monotonic()
+        interval = self.polling_interval
+        if timeout and interval and interval > timeout:
+            interval = timeout
+        while not _stopping:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+            except Empty:
+                if timeout is not None and monotonic() - started >= timeout:
+                    raise TimeoutError() from None
+                if interval:
+                    sleep(interval)
+            else:
+                return
+        raise TimeoutError()

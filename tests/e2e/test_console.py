@@ -10,6 +10,7 @@ With TASKHOOK_CONSOLE_SCREENSHOTS=DIR set, each view is saved as
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -316,9 +317,13 @@ def operator_actions(page: Page, console: Console, dead_pk: int) -> dict[str, tu
     take("merge", "form#merge", reason="a member tries", **{"from": "X-1", "confirm": "X-1"})
     open_page(page, f"{console.url}/console/sources")
     take("rotate", f"#sources tr[data-source={SPARE}] form.rotate")
-    take("finish-rotation", f"#sources tr[data-source={SPARE}] form.finish-rotation")
+    take("finish-rotation", f"#sources tr[data-source={SPARE}] form.finish-rotation", confirm=SPARE)
     open_page(page, f"{console.url}/console/tokens")
-    take("revoke", f"#tokens tr[data-token-id='{console.member.token_id}'] form.revoke")
+    take(
+        "revoke",
+        f"#tokens tr[data-token-id='{console.member.token_id}'] form.revoke",
+        confirm=console.member.name,
+    )
     return found
 
 
@@ -583,6 +588,20 @@ def test_an_operator_sees_the_overview_live_and_rotates_a_secret(page: Page, con
     assert console.active_secrets(SPARE) == [*before, new_secret]
     open_page(page, f"{console.url}/console/sources")
     assert page.locator("#new-secret").count() == 0, "the new secret is shown more than once"
+    spare = page.locator(f"#sources tr[data-source={SPARE}]")
+    expect(spare.locator("form.finish-rotation button")).to_be_hidden()  # no one-click finish
+    spare.locator("details.confirm summary").click()
+    expect(spare.locator("form.finish-rotation")).to_contain_text("refused (401)")
+    # The browser will not send it untyped; typed wrong, the server refuses it.
+    spare.locator("form.finish-rotation [type=submit]").click()
+    assert console.active_secrets(SPARE) == [*before, new_secret]
+    spare.locator("form.finish-rotation input[name=confirm]").fill(GITHUB)
+    submit(page, f"#sources tr[data-source={SPARE}] form.finish-rotation")
+    expect(page.locator(".error")).to_contain_text(f"({SPARE}) to confirm")
+    assert console.active_secrets(SPARE) == [*before, new_secret]
+    spare = page.locator(f"#sources tr[data-source={SPARE}]")
+    spare.locator("details.confirm summary").click()
+    spare.locator("form.finish-rotation input[name=confirm]").fill(SPARE)
     submit(page, f"#sources tr[data-source={SPARE}] form.finish-rotation")
     expect(page.locator(".notice")).to_be_visible()
     assert console.active_secrets(SPARE) == [new_secret]
@@ -596,3 +615,87 @@ def test_an_operator_sees_the_overview_live_and_rotates_a_secret(page: Page, con
         expect(row).to_contain_text(person.name)
         expect(row.locator("form.revoke")).to_have_count(1)
     screenshot(page, "tokens")
+
+
+def test_revoking_ones_own_token_is_confirmed_and_signs_out(
+    page: Page, console: Console, browser_log: BrowserLog
+):
+    with session_scope(console.sessions) as session:
+        issued = issue_token(
+            session=session, name="eve", role="operator", workspace_ids=[console.workspace_id]
+        )
+        eve = Person("eve", "operator", issued.token, issued.record.id)
+
+    sign_in(page, console.url, eve.token)
+    open_page(page, f"{console.url}/console/tokens")
+    own = page.locator(f"#tokens tr[data-token-id='{eve.token_id}']")
+    other = page.locator(f"#tokens tr[data-token-id='{console.member.token_id}']")
+    expect(own.locator("form.revoke button")).to_be_hidden()  # no one-click revoke
+    own.locator("details.confirm summary").click()
+    expect(own.locator(".own-token")).to_contain_text("signs you out")
+    expect(other.locator(".own-token")).to_have_count(0)
+    own.locator("form.revoke input[name=confirm]").fill("eve")
+    submit(page, f"#tokens tr[data-token-id='{eve.token_id}'] form.revoke")
+
+    assert urlparse(page.url).path == "/console/sign-in"
+    expect(page.locator(".notice")).to_contain_text("Your own token is revoked")
+    with console.sessions() as session:
+        assert session.get(ApiToken, eve.token_id).revoked_at is not None
+    assert browser_log.dialogs == []
+
+
+def test_replaying_a_resent_body_warns_and_waits_for_a_tick(page: Page, console: Console):
+    pk = console.post_issue(901, "Resent by someone")
+    console.wait_done(pk)
+    # As the ingress stores a captured body sent again under another delivery id.
+    with session_scope(console.sessions) as session:
+        session.execute(update(Delivery).where(Delivery.id == pk).values(status="replay"))
+
+    sign_in(page, console.url, console.operator.token)
+    open_page(page, f"{console.url}/console/deliveries/{pk}")
+    expect(page.locator("#resent-meaning")).to_contain_text("someone resent a captured")
+    page.click("form#replay [type=submit]")  # unticked: the browser does not send it
+    page.wait_for_timeout(300)
+    assert urlparse(page.url).path == f"/console/deliveries/{pk}"
+    with console.sessions() as session:
+        assert session.get(Delivery, pk).status == "replay"
+    page.check("form#replay input[name=consent]")
+    submit(page, "form#replay")
+    expect(page.locator(".notice")).to_contain_text("queued again")
+    console.wait_done(pk)
+
+
+def test_times_are_24_hour_utc_and_urls_break_only_after_a_slash(page: Page, console: Console):
+    page.goto(f"{console.url}/")
+    assert urlparse(page.url).path == "/console/sign-in"  # / leads to the console
+    sign_in(page, console.url, console.operator.token)
+    expect(page.locator("#chart canvas").first).to_be_visible()
+    ticks = page.evaluate("document.getElementById('chart').uplot.axes[0]._values")
+    assert ticks and all(re.fullmatch(r"\d\d:\d\d(\n\d{4}-\d\d-\d\d)?", t) for t in ticks), ticks
+    box = page.locator("#chart .u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] - 5, box["y"] + box["height"] / 2)
+    legend = page.locator("#chart .u-legend .u-series").first.locator(".u-value")
+    expect(legend).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC$"))
+
+    page.set_viewport_size({"width": 560, "height": 900})
+    open_page(page, f"{console.url}/console/sources")
+    for url in page.locator("code.webhook-url").all():
+        # Where each character is drawn: a line may end only after a "/".
+        ends = url.evaluate(
+            """code => {
+              const text = code.textContent, range = document.createRange(), ends = [];
+              const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+              const chars = [];
+              for (let node; (node = walker.nextNode()); )
+                for (let i = 0; i < node.length; i++) chars.push([node, i]);
+              let top = null;
+              chars.forEach(([node, i], index) => {
+                range.setStart(node, i); range.setEnd(node, i + 1);
+                const now = range.getBoundingClientRect().top;
+                if (top !== null && now > top + 2) ends.push(text[index - 1]);
+                top = now;
+              });
+              return ends;
+            }"""
+        )
+        assert set(ends) <= {"/"}, f"{url.text_content()} wraps after {ends}"

@@ -448,6 +448,7 @@ def _token_id(t: Tenants, name: str) -> int:
 
 #: Routes that hold no tenant's data, and why they may answer anyone.
 PUBLIC = {
+    ("GET", "/"): "a redirect to the console, which asks for a sign-in",
     ("GET", "/healthz"): "liveness: says 'ok'",
     ("GET", "/readyz"): "readiness: names no tenant",
     ("GET", "/metrics"): "operations: counters by provider and source slug (see the docs)",

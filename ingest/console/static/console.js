@@ -68,21 +68,43 @@
     needs_operator: "#ef6c00", dead: "#c62828", replay: "#00838f", mismatch: "#ad1457",
   };
 
+  // A time as the rest of the console and the CLI write it: 24-hour UTC
+  // ("2026-12-05 18:21"). uPlot's own formats are 12-hour ("6:21pm").
+  function utcMinute(seconds) {
+    return new Date(seconds * 1000).toISOString().slice(0, 16).replace("T", " ");
+  }
+
   function chart() {
     const target = document.getElementById("chart");
     const data = document.getElementById("chart-data");
     if (!target || !data || typeof window.uPlot !== "function") return;
     const rate = JSON.parse(data.textContent);
     const statuses = Object.keys(rate.counts);
-    const series = [{ label: "minute (UTC)" }].concat(statuses.map(function (status) {
+    const series = [{
+      label: "minute (UTC)",
+      value: function (u, seconds) { return seconds == null ? "--" : utcMinute(seconds) + " UTC"; },
+    }].concat(statuses.map(function (status) {
       return { label: status, stroke: STATUS_COLOURS[status] || "#455a64", width: 2 };
     }));
     const columns = [rate.minutes].concat(statuses.map(function (status) { return rate.counts[status]; }));
     const width = Math.max(320, target.clientWidth || 800);
     target.replaceChildren();
-    new window.uPlot({ width: width, height: 260, series: series, scales: { x: { time: true } },
-                       axes: [{}, { label: "deliveries / min" }], tzDate: function (ts) { return window.uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); } },
-                     columns, target);
+    // The time axis: "18:20" on each tick, the date too on the first tick of a day.
+    const timeAxis = {
+      values: function (u, splits) {
+        return splits.map(function (seconds, index) {
+          const when = utcMinute(seconds);
+          const newDay = index === 0 || utcMinute(splits[index - 1]).slice(0, 10) !== when.slice(0, 10);
+          return newDay ? when.slice(11) + "\n" + when.slice(0, 10) : when.slice(11);
+        });
+      },
+    };
+    // Kept on its element, where a test reads what the time axis shows.
+    target.uplot = new window.uPlot({ width: width, height: 260, series: series, scales: { x: { time: true } },
+                                      axes: [timeAxis, { label: "deliveries / min" }],
+                                      // Ticks on UTC's hours and minutes, not the browser's zone.
+                                      tzDate: function (ts) { return window.uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); } },
+                                    columns, target);
     if (!statuses.length) {
       const empty = document.createElement("p");
       empty.className = "hint";
@@ -109,7 +131,7 @@
           const item = document.createElement("li");
           item.dataset.type = event.type;
           const when = document.createElement("time");
-          when.textContent = event.occurred_at.replace("T", " ").slice(0, 19);
+          when.textContent = event.occurred_at.replace("T", " ").slice(0, 19) + " UTC";
           const what = document.createElement("strong");
           what.textContent = " " + event.type + " ";
           const detail = document.createElement("span");

@@ -496,9 +496,33 @@ def test_rotating_a_secret_shows_it_once_then_finishes(console: Console) -> None
     assert secret in stored
     assert secret not in console.client.get("/console/sources").text
     assert "rotating" in console.client.get("/console/sources").text
-    finished = console.post("/console/sources/acme-github/finish-rotation", csrf)
+    finished = console.post(
+        "/console/sources/acme-github/finish-rotation", csrf, confirm="acme-github"
+    )
     assert finished.status_code == 303
     assert "rotating" not in console.client.get("/console/sources").text
+
+
+def test_finishing_a_rotation_needs_the_sources_name_typed(console: Console) -> None:
+    csrf = console.sign_in("acme-operator")
+    console.post("/console/sources/acme-github/rotate-secret", csrf)
+    page = console.client.get("/console/sources").text
+    untyped = console.post("/console/sources/acme-github/finish-rotation", csrf)
+    mistyped = console.post(
+        "/console/sources/acme-github/finish-rotation", csrf, confirm="globex-github"
+    )
+    foreign = console.post(
+        "/console/sources/globex-github/finish-rotation", csrf, confirm="globex-github"
+    )
+
+    form = re.search(r'<form class="finish-rotation".*?</form>', page, re.S).group(0)
+    assert 'name="confirm" required' in form and "refused (401)" in form
+    for refused in (untyped, mistyped):
+        assert refused.status_code == 400
+        assert "Type the source&#39;s name (acme-github) to confirm" in refused.text
+        assert 'id="sources"' in refused.text  # the sources page, with the refusal on it
+    assert foreign.status_code == 404
+    assert console.store.scalar("SELECT count(*) FROM source_secrets WHERE retired_at IS NULL") == 3
 
 
 def test_another_workspaces_source_cannot_be_rotated(console: Console) -> None:
@@ -519,9 +543,42 @@ def test_revoking_a_token(console: Console) -> None:
         foreign = session.execute(
             text("SELECT id FROM api_tokens WHERE name = 'globex-operator'")
         ).scalar()
-    assert console.post(f"/console/tokens/{foreign}/revoke", csrf).status_code == 404
-    assert console.post(f"/console/tokens/{member}/revoke", csrf).status_code == 303
+    assert (
+        console.post(f"/console/tokens/{foreign}/revoke", csrf, confirm="globex-operator")
+    ).status_code == 404
+    untyped = console.post(f"/console/tokens/{member}/revoke", csrf)
+    mistyped = console.post(f"/console/tokens/{member}/revoke", csrf, confirm="acme-operator")
+    for refused in (untyped, mistyped):
+        assert refused.status_code == 400
+        assert "Type the token&#39;s name (acme-member) to confirm" in refused.text
+        assert 'id="tokens"' in refused.text
+    assert console.store.scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL") == 0
+    done = console.post(f"/console/tokens/{member}/revoke", csrf, confirm="acme-member")
+    assert done.status_code == 303 and done.headers["location"] == "/console/tokens?done=revoked"
     assert console.store.scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL") == 1
+
+
+def test_revoking_ones_own_token_warns_and_signs_out(console: Console) -> None:
+    csrf = console.sign_in("acme-operator")
+    own, other = (
+        console.store.scalar("SELECT id FROM api_tokens WHERE name = :n", n=name)
+        for name in ("acme-operator", "acme-member")
+    )
+    page = console.client.get("/console/tokens").text
+    rows = dict(re.findall(r'<tr data-token-id="(\d+)">(.*?)</tr>', page, re.S))
+
+    answer = console.post(f"/console/tokens/{own}/revoke", csrf, confirm="acme-operator")
+
+    assert "revoking it signs you out" in rows[str(own)]
+    assert "revoking it signs you out" not in rows[str(other)]
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/console/sign-in?done=revoked-own"
+    assert (
+        "Your own token is revoked: you are signed out"
+        in console.client.get(answer.headers["location"]).text
+    )
+    assert console.store.scalar("SELECT count(*) FROM console_sessions") == 0
+    assert console.client.get("/console/", follow_redirects=False).status_code == 303
 
 
 def test_the_operations_history_shows_only_runs_within_the_tokens_workspaces(
@@ -578,3 +635,159 @@ def test_the_overview_shows_each_uncovered_window_with_its_providers_catch_up(
     assert f"taskhook catch-up github --source acme-github --since {since}" in table
     assert "taskhook catch-up mark-handled --source acme-gitlab" in table
     assert "globex-github" not in table  # another workspace's source
+
+
+# --- what an operator reads: the workspace, replays to confirm, times, URLs, words ----------
+
+
+def test_the_ingress_root_leads_to_the_console(console: Console) -> None:
+    answer = console.client.get("/", follow_redirects=False)
+    assert answer.status_code == 307 and answer.headers["location"] == "/console/"
+
+
+def test_a_task_looked_up_without_a_workspace_is_in_the_one_the_form_shows(
+    console: Console,
+) -> None:
+    held = _task(console, "jira:WS-1")
+    console.sign_in("acme-operator")
+    answer = console.client.get("/console/tasks?external_id=jira:WS-1")
+    unknown = console.client.get("/console/tasks?workspace=nowhere&external_id=jira:WS-1")
+    assert answer.status_code == 200, answer.text
+    assert f'<td class="identifier">{held["identifier"]}</td>' in answer.text
+    assert '<option value="acme" selected>' in answer.text
+    assert unknown.status_code == 404 and "no workspace &#39;nowhere&#39;" in unknown.text
+
+
+def _resent(console: Console, status: str, number: int = 1) -> int:
+    """A delivery stored as ``status`` (replay, mismatch), as the ingress stores a resent body."""
+    delivery = console.deliver(number=number)
+    with console.store.engine.begin() as connection:
+        connection.execute(
+            text("UPDATE deliveries SET status = :s WHERE id = :d"), {"s": status, "d": delivery}
+        )
+    return delivery
+
+
+def test_replaying_a_resent_body_says_what_it_is_and_needs_a_tick(console: Console) -> None:
+    replayed = _resent(console, "replay")
+    csrf = console.sign_in("acme-operator")
+    page = console.client.get(f"/console/deliveries/{replayed}").text
+    refused = console.post(f"/console/deliveries/{replayed}/replay", csrf)
+    status_after_refusal = console.status_of(replayed)
+    done = console.post(f"/console/deliveries/{replayed}/replay", csrf, consent="yes")
+
+    meaning = re.search(r'id="resent-meaning">(.*?)</p>', page, re.S).group(1)
+    assert "someone resent a captured, signed body" in meaning
+    assert '<input type="checkbox" name="consent" value="yes" required>' in page
+    assert refused.status_code == 400 and "was not replayed" in refused.text
+    assert status_after_refusal == "replay"
+    assert done.status_code == 303 and console.status_of(replayed) == "queued"
+
+    mismatched = _resent(console, "mismatch", number=2)
+    page = console.client.get(f"/console/deliveries/{mismatched}").text
+    meaning = re.search(r'id="resent-meaning">(.*?)</p>', page, re.S).group(1)
+    assert "differs from the one stored under the same delivery id" in meaning
+    assert console.post(f"/console/deliveries/{mismatched}/replay", csrf).status_code == 400
+    assert console.status_of(mismatched) == "mismatch"
+
+    # A dead delivery's replay undoes nothing: one click, as before.
+    dead = console.deliver(number=3)
+    console.kill(dead)
+    page = console.client.get(f"/console/deliveries/{dead}").text
+    assert 'name="consent"' not in page and 'id="resent-meaning"' not in page
+
+
+def test_the_deliveries_filter_takes_24_hour_utc_text(console: Console) -> None:
+    delivery = console.deliver()
+    console.sign_in("acme-member")
+    page = console.client.get("/console/deliveries").text
+    since = console.client.get("/console/deliveries", params={"since": "2000-01-01 18:21"})
+    until = console.client.get("/console/deliveries", params={"until": "2000-01-01 18:21"})
+
+    assert 'type="datetime-local"' not in page  # a browser shows that in its own 12-hour locale
+    assert "(UTC, 24-hour)" in page
+    assert f'data-delivery-id="{delivery}"' in since.text
+    assert f'data-delivery-id="{delivery}"' not in until.text
+
+
+def test_a_webhook_url_wraps_only_after_a_slash(console: Console) -> None:
+    console.sign_in("acme-member")
+    page = console.client.get("/console/sources").text
+    shown = re.search(r'<code class="webhook-url" id="url-1">(.*?)</code>', page).group(1)
+    parts = shown.split("<wbr>")
+    assert all(re.fullmatch(r"<span>[^<]*</span>", part) for part in parts), shown
+    assert all(part.endswith("/</span>") for part in parts[:-1]), shown
+    assert parts[-1] == "<span>acme-github</span>"  # a slug is never cut at its hyphen
+
+
+def test_no_placeholder_reads_as_a_filled_answer() -> None:
+    """A placeholder is a hint (``e.g. ...``, ``a ...``), never data of the page
+    (a task's identifier) that looks as if the field were filled in."""
+    for template in TEMPLATES.glob("*.html"):
+        for hint in re.findall(r'placeholder="([^"]*)"', template.read_text()):
+            assert "{{" not in hint, (template.name, hint)
+            assert hint.startswith(("e.g. ", "a ", "an ")), (template.name, hint)
+
+
+def test_the_task_pages_notices_name_tasks_by_identifier(console: Console) -> None:
+    held = _task(console, "jira:ID-1")
+    other = _task(console, "jira:ID-2")
+    csrf = console.sign_in("acme-operator")
+    release = {"workspace": "acme", "external_id": "jira:ID-1", "reason": "abandoned"}
+
+    conflict = console.post(
+        "/console/tasks/release",
+        csrf,
+        **release,
+        expected_holder=other["identifier"],
+        confirm="jira:ID-1",
+    )
+    done = console.post(
+        "/console/tasks/release",
+        csrf,
+        **release,
+        expected_holder=held["identifier"],
+        confirm="jira:ID-1",
+    )
+
+    error = re.search(r'class="error" role="alert">([^<]*)<', conflict.text).group(1)
+    assert conflict.status_code == 409
+    assert error == (
+        f"jira:ID-1 is held by {held['identifier']}, not by {other['identifier']} "
+        "(the task you named); nothing was released."
+    )
+    notice = re.search(r'class="notice" role="status">([^<]*)<', done.text).group(1)
+    assert notice.startswith(f"Released jira:ID-1: {held['identifier']} stays, without it.")
+
+
+def test_merge_and_undo_notices_name_tasks_by_identifier(console: Console) -> None:
+    into, from_ = _task(console, "jira:MRG-1"), _task(console, "jira:MRG-2")
+    csrf = console.sign_in("acme-operator")
+    merged = console.post(
+        "/console/tasks/merge",
+        csrf,
+        workspace="acme",
+        external_id="jira:MRG-1",
+        into=str(into["id"]),
+        **{"from": from_["identifier"], "confirm": from_["identifier"]},
+        reason="one item",
+    )
+    merge_id = console.store.scalar("SELECT id FROM identity_merges")
+    undone = console.post(
+        f"/console/merges/{merge_id}/undo",
+        csrf,
+        workspace="acme",
+        external_id="jira:MRG-1",
+        reason="two items after all",
+    )
+
+    notices = [
+        re.search(r'class="notice" role="status">([^<]*)<', answer.text).group(1)
+        for answer in (merged, undone)
+    ]
+    assert notices == [
+        f"Merged {from_['identifier']} into {into['identifier']}: its names are aliases of "
+        f"{into['identifier']} now, and {from_['identifier']} is archived.",
+        f"Undone: the names merged into {into['identifier']} are {from_['identifier']}&#39;s "
+        "again.",
+    ]
