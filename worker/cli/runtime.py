@@ -84,7 +84,8 @@ def _database_refusal(error: DBAPIError, url: str) -> Refused:
         )
     if isinstance(error, IntegrityError):  # a concurrent change won a unique constraint
         return Refused(f"the database refused the change: {reason}")
-    return Refused(f"cannot use the database at {url}: {reason}")
+    # libpq's reason without its preamble: "connection refused", as the services say it.
+    return Refused(f"cannot use the database at {url}: {startup.database_reason(error)}")
 
 
 class TaskhookGroup(click.Group):

@@ -102,7 +102,10 @@ def test_a_read_command_as_a_process_creates_no_database(tmp_path: Path):
 def test_an_unreachable_database_is_one_clear_line():
     url = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/taskhook"
     line = refused(taskhook(url, "workspace", "list"))
-    assert line.startswith("Error: cannot use the database at postgresql+psycopg://postgres:***@")
+    assert line == (
+        "Error: cannot use the database at postgresql+psycopg://postgres:***@127.0.0.1:1/taskhook: "
+        "connection refused"
+    )
     assert "hunter2" not in line
 
 
