@@ -24,14 +24,10 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn, TextIO
 
-from amqp.exceptions import AccessRefused, AMQPError
-from kombu import Connection
 from pydantic import ValidationError
-from redis.exceptions import AuthenticationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from models.broker.connection import broker_transport, broker_transport_options
 from models.db import NoDatabase, make_engine
 from models.settings import (
     Settings,
@@ -117,6 +113,12 @@ def database_reason(error: BaseException) -> str:
 
 def check_broker(settings: Settings, *, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
     """Connect to the settings' broker once, or :class:`CannotStart`."""
+    # Imported here: the CLI reads its settings through this module on every
+    # command, and only the services connect to the broker at their start.
+    from kombu import Connection
+
+    from models.broker.connection import broker_transport, broker_transport_options
+
     try:
         with Connection(
             settings.broker_url,
@@ -137,6 +139,9 @@ def broker_reason(error: BaseException) -> str:
     """Why a connection to the broker failed, in a few words: "authentication
     failed" for a refused login (RabbitMQ's ACCESS_REFUSED, Redis's), the
     operating system's reason ("connection refused"), else the broker's."""
+    from amqp.exceptions import AccessRefused, AMQPError  # kombu's: see check_broker
+    from redis.exceptions import AuthenticationError
+
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, AccessRefused | AuthenticationError):

@@ -114,6 +114,7 @@ def test_importing_the_cli_builds_nothing():
         "import sys, worker.cli; "
         "assert 'worker.celery_app' not in sys.modules; "
         "assert 'celery' not in sys.modules; "
+        "assert 'kombu' not in sys.modules; "
         "assert 'alembic' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
