@@ -21,6 +21,11 @@ slow senders"):
   then it is answered 408, unless an answer has begun, and closed. Once the
   request has arrived, the app takes as long as it takes.
 
+Before it serves, it checks the settings and connects once to the database
+and the broker: a mistake there is one line on stderr and exit code 1
+(``models.startup``), not a traceback or a server that starts and is never
+ready.
+
 ``--http`` picks the parser as uvicorn's own option does: ``auto`` is
 httptools (a dependency: the benchmarks measure the ingress with it), ``h11``
 the pure-Python one, bounded the same way.
@@ -44,6 +49,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from models import startup
 from models.settings import Settings, get_settings
 
 
@@ -327,7 +333,14 @@ class FrozenAfterStartup(uvicorn.Server):
 
 
 def main() -> None:
-    server = FrozenAfterStartup(config_from(sys.argv[1:], get_settings()))
+    # Before uvicorn logs a line: a bad setting, an unreachable database or a
+    # broker that refuses us is one line on stderr and exit 1
+    # (models.startup). A broker that is down is a warning: the ingress
+    # stores deliveries without it.
+    settings = startup.service_settings()
+    config = config_from(sys.argv[1:], settings)
+    startup.service_ready(settings, through_a_broker_outage=True)
+    server = FrozenAfterStartup(config)
     server.run()
     if not server.started:  # as ``uvicorn`` itself exits when it could not start
         sys.exit(STARTUP_FAILURE)

@@ -21,7 +21,17 @@ from models.sqlite_writer import WriterConnection, WriterLock, lock_file_for
 _DEFAULTS = Settings.model_construct()
 
 
-def make_engine(url: str, *, settings: Settings | None = None, **options: object) -> Engine:
+class NoDatabase(Exception):
+    """The SQLite file an engine was to open, without creating it, does not exist."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no database at {path}")
+        self.path = path
+
+
+def make_engine(
+    url: str, *, settings: Settings | None = None, create: bool = True, **options: object
+) -> Engine:
     """An engine for ``url``, tuned for the dialect it names.
 
     SQLite gets WAL (readers never wait for the writer), the settings'
@@ -29,7 +39,10 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     (two writers queue instead of failing), optionally writers queued on a
     lock handed over at once (``models.sqlite_writer``) and enforced foreign keys (so
     deleting a task deletes its source link, as on PostgreSQL). The parent directory of a
-    SQLite file is created, so the default ``./var/taskhook.db`` just works.
+    SQLite file is created, so the default ``./var/taskhook.db`` just works;
+    with ``create=False`` a SQLite file that does not exist is
+    :class:`NoDatabase`, and neither it nor its folder is made (the CLI: a
+    mistyped path must not leave an empty database behind).
     ``options`` go to :func:`sqlalchemy.create_engine` (a pool size, say) for
     a server; SQLite takes none of them. Without ``settings``, the defaults:
     the environment is read at a process's edge (``models.settings``), not here.
@@ -45,6 +58,8 @@ def make_engine(url: str, *, settings: Settings | None = None, **options: object
     settings = settings or _DEFAULTS
     writer_lock = None
     if parsed.database and parsed.database != ":memory:":
+        if not create and "uri" not in parsed.query and not Path(parsed.database).is_file():
+            raise NoDatabase(parsed.database)
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         if settings.sqlite_writer_lock:
             writer_lock = WriterLock(

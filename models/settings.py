@@ -10,6 +10,12 @@ invocation sees the environment as it is then -- and passes them down as an
 argument. Nothing below the edge reads the environment; a test injects its
 own ``Settings`` where the edge would have read them.
 
+Reading them checks them: a broker or a database taskhook does not run on
+is refused here, by URL scheme, and :func:`invalid_settings` says any refusal
+in one line that names the variable and what it takes; :func:`unknown_variables`
+names the ``TASKHOOK_`` variables that are not settings. Each process says
+those at its start (``models.startup``).
+
 Settings are values only: they import no broker library and touch no disk.
 What a broker URL means to kombu is ``models.broker.connection``'s; the
 folders of the embedded setup are made where they are opened (the SQLite
@@ -18,12 +24,17 @@ file by ``models.db``, the broker's by its transport).
 
 from __future__ import annotations
 
+import difflib
+import re
+import types
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+import annotated_types
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 #: Deliveries one worker process runs at once, unless set: on PostgreSQL its
@@ -37,6 +48,37 @@ MAX_RETENTION_DAYS = 36_500
 #: TASKHOOK_INBOX_RETENTION_DAYS's least value but 0: longer than any provider
 #: keeps a delivery it may send again (GitHub Enterprise Server: 7 days).
 MIN_INBOX_RETENTION_DAYS = 8
+
+#: The databases taskhook runs on, by URL scheme. ``postgresql://`` is taken
+#: as ``postgresql+psycopg://``: psycopg (3) is the driver taskhook installs,
+#: and SQLAlchemy would otherwise look for psycopg2.
+DATABASE_SCHEMES = {
+    "sqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite+pysqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+#: The brokers taskhook runs on, by URL scheme (``models.broker.connection``):
+#: the embedded one, Redis, RabbitMQ (``pyamqp`` is kombu's other name for
+#: ``amqp``), and kombu's in-process one, which only tests can use.
+BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "amqps", "pyamqp", "memory")
+
+#: ``TASKHOOK_`` variables that are not settings yet mean something: the
+#: Procfile's beat schedule, the CLI's MCP token, scripts/lib.sh's virtualenv,
+#: the worker's fail points (tests), and the test suite's own switches. Every
+#: other unknown name is warned about (:func:`unknown_variables`).
+OTHER_VARIABLES = frozenset(
+    {
+        "TASKHOOK_BEAT_SCHEDULE",
+        "TASKHOOK_MCP_TOKEN",
+        "TASKHOOK_VENV",
+        "TASKHOOK_FAILPOINT",
+        "TASKHOOK_CONSOLE_SCREENSHOTS",
+        "TASKHOOK_HOSTS_SOAK",
+    }
+)
+#: Prefixes of the test suite's and the benchmarks' variables.
+OTHER_PREFIXES = ("TASKHOOK_TEST_", "TASKHOOK_BENCH_", "TASKHOOK_RELIABILITY_")
 
 
 class Settings(BaseSettings):
@@ -348,6 +390,29 @@ class Settings(BaseSettings):
         "twentieth of the time and the ingress and the workers keep the database.",
     )
 
+    @field_validator("database_url")
+    @classmethod
+    def _a_database_taskhook_runs_on(cls, value: str) -> str:
+        scheme, separator, rest = value.partition("://")
+        if not separator or scheme.lower() not in DATABASE_SCHEMES:
+            raise ValueError(
+                f"TASKHOOK_DATABASE_URL={for_people(value)!r}: must be a SQLite or PostgreSQL "
+                "URL: sqlite:///path/to/taskhook.db or postgresql+psycopg://user:password@host/db"
+            )
+        return f"{DATABASE_SCHEMES[scheme.lower()]}://{rest}"
+
+    @field_validator("broker_url")
+    @classmethod
+    def _a_broker_taskhook_runs_on(cls, value: str) -> str:
+        scheme, separator, _ = value.partition("://")
+        if not separator or scheme.lower() not in BROKER_SCHEMES:
+            raise ValueError(
+                f"TASKHOOK_BROKER_URL={for_people(value)!r}: must be filesystem:// (the "
+                "embedded broker), amqp:// or amqps:// (RabbitMQ: amqp://user:password@host:5672/"
+                "vhost), redis:// or rediss:// (redis://host:6379/0), or memory:// (tests)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _worker_concurrency_defaults_to_the_store(self) -> Settings:
         if self.worker_concurrency is None:
@@ -396,10 +461,14 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _lease_outlives_the_task(self) -> Settings:
         if self.lease_seconds <= self.task_time_limit_seconds:
-            raise ValueError("TASKHOOK_LEASE_SECONDS must exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS")
+            raise ValueError(
+                f"TASKHOOK_LEASE_SECONDS ({self.lease_seconds}) must exceed "
+                f"TASKHOOK_TASK_TIME_LIMIT_SECONDS ({self.task_time_limit_seconds})"
+            )
         if self.visibility_timeout_seconds <= self.task_time_limit_seconds:
             raise ValueError(
-                "TASKHOOK_VISIBILITY_TIMEOUT_SECONDS must exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS"
+                f"TASKHOOK_VISIBILITY_TIMEOUT_SECONDS ({self.visibility_timeout_seconds}) must "
+                f"exceed TASKHOOK_TASK_TIME_LIMIT_SECONDS ({self.task_time_limit_seconds})"
             )
         if self.uses_rabbitmq and self.broker_consumer_timeout_seconds <= (
             held := 2 * self.task_time_limit_seconds
@@ -438,6 +507,90 @@ def _checked_origin(origin: object) -> str:
             "e.g. https://app.example.com"
         )
     return text
+
+
+def setting_names() -> frozenset[str]:
+    """Every setting's variable: ``TASKHOOK_`` and the field's name in capitals."""
+    return frozenset(f"TASKHOOK_{name.upper()}" for name in Settings.model_fields)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``TASKHOOK_`` variable in ``environ`` that no part of
+    taskhook reads (a misspelled setting is ignored, and its default used),
+    naming the closest known name when there is one."""
+    known = setting_names() | OTHER_VARIABLES
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings reads the names in any case
+        if not upper.startswith("TASKHOOK_") or upper in known or upper.startswith(OTHER_PREFIXES):
+            continue
+        # Matched without the prefix, which every name shares.
+        close = difflib.get_close_matches(
+            upper.removeprefix("TASKHOOK_"), sorted(k.removeprefix("TASKHOOK_") for k in known), n=1
+        )
+        hint = f"; did you mean TASKHOOK_{close[0]}?" if close else " and is ignored"
+        warnings.append(f"{name} is not a setting{hint}")
+    return warnings
+
+
+def invalid_settings(error: ValidationError) -> str:
+    """One line that says what is wrong with the settings and what is allowed:
+    ``TASKHOOK_LEASE_SECONDS='abc': must be a whole number of seconds >= 1``,
+    the problems joined by "; " when there are several."""
+    return "; ".join(_problem(problem) for problem in error.errors())
+
+
+def _problem(problem: Mapping) -> str:
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    field = problem["loc"][0] if problem["loc"] else None
+    if problem["type"] == "value_error" or field not in Settings.model_fields:
+        return message  # taskhook's own checks name the settings they are about
+    value = problem["input"]
+    shown = for_people(value) if isinstance(value, str) else value
+    return f"TASKHOOK_{str(field).upper()}={shown!r}: must be {_allowed(str(field))}"
+
+
+#: The unit of a setting, by the end of its name.
+_UNITS = {
+    "_seconds": "seconds",
+    "_ms": "milliseconds",
+    "_hours": "hours",
+    "_days": "days",
+    "_bytes": "bytes",
+}
+
+
+def _allowed(field: str) -> str:
+    """What a setting takes, in words: "a whole number of seconds >= 1"."""
+    info = Settings.model_fields[field]
+    annotation = info.annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(str(choice) for choice in get_args(annotation))
+    if annotation is bool:
+        return "true or false"
+    if annotation not in (int, float):
+        return "a path" if annotation is Path else "text"
+    whole = annotation is int
+    low = high = None
+    for bound in info.metadata:
+        if isinstance(bound, annotated_types.Ge):
+            low = f">= {bound.ge}"
+        elif isinstance(bound, annotated_types.Gt):
+            low = f">= {bound.gt + 1}" if whole else f"> {bound.gt}"
+        elif isinstance(bound, annotated_types.Le):
+            high = f"<= {bound.le}"
+    unit = next((f" of {unit}" for end, unit in _UNITS.items() if field.endswith(end)), "")
+    words = f"{'a whole number' if whole else 'a number'}{unit}"
+    if low and high and low.startswith(">= ") and whole:
+        return f"{words} from {low[3:]} to {high[3:]}"
+    return " ".join(part for part in (words, low, high and f"and {high}") if part)
+
+
+def for_people(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``: safe to print."""
+    return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
 @lru_cache(maxsize=1)

@@ -23,6 +23,10 @@ At least once, and why each knob:
   delivery whose attempts keep dying is parked (``models.inbox.park_lost``).
 
 Running twice is harmless by construction (``worker.processing``).
+
+At its start a worker (or beat) checks its settings and connects once to its
+database and broker (beat: its broker); a mistake is one line on stderr and
+exit code 1 (``models.startup``), before the worker says "ready".
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import (
     after_setup_logger,
+    celeryd_init,
+    import_modules,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -41,6 +47,7 @@ from celery.signals import (
 )
 from celery.utils.log import mlevel
 
+from models import startup
 from models.broker import filesystem_transport
 from models.broker.connection import (
     broker_queues,
@@ -58,7 +65,7 @@ from models.broker.messages import (
     RELEASE_IDENTITY,
     SWEEP,
 )
-from models.settings import Settings, get_settings
+from models.settings import Settings
 from worker import runtime
 
 #: The modules whose tasks a worker registers (imported by the worker, not here).
@@ -158,8 +165,32 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
     app reads no settings and creates no broker folders.
     """
     app = Celery("taskhook", include=list(TASK_MODULES), set_as_current=settings is None)
-    app.add_defaults(lambda: celery_config(settings or get_settings()))
+    # The process's settings are read when Celery first needs its configuration
+    # (``celery worker`` does while it parses its options): a bad value is one
+    # line and exit 1 there (models.startup), not a traceback from Celery's CLI.
+    app.add_defaults(lambda: celery_config(settings or startup.service_settings()))
     return app
+
+
+@celeryd_init.connect
+def _worker_reaches_its_stores(**_: object) -> None:
+    # Before the worker connects or says "ready": its database and its broker
+    # answer, or one line and exit 1. A worker with beat embedded (-B) is
+    # checked once, here.
+    global _checked
+    startup.service_ready(runtime.settings())
+    _checked = True
+
+
+def _beat_reaches_its_broker(**_: object) -> None:
+    # Beat only sends messages; the database is the worker's. Connected to
+    # import_modules below, not beat_init: beat logs "Starting..." before that.
+    if not _checked:
+        startup.service_ready(runtime.settings(), database=False)
+
+
+#: Whether this process checked its database and broker at its start already.
+_checked = False
 
 
 @worker_init.connect
@@ -220,3 +251,6 @@ def _per_task_lines(loglevel: int | str | None = None, **_: object) -> None:
 
 
 app = make_celery_app()
+# When the process's app loads its task modules: a worker does after it was
+# checked (celeryd_init), beat before it logs a line (``celery beat``).
+import_modules.connect(_beat_reaches_its_broker, sender=app)

@@ -11,7 +11,8 @@ command takes ``--json`` and prints one JSON document on stdout. Exit codes:
 - 0: done;
 - 1: refused or not found (unknown workspace, source or delivery, an invalid
   external id, a duplicate, a declined confirmation, an unreachable database
-  or broker) -- one line on stderr, never a traceback;
+  or broker, a bad setting, no database at the configured SQLite path: only
+  ``db upgrade`` creates one) -- one line on stderr, never a traceback;
 - 2: a usage error, as click reports it (a missing option, an unknown event,
   a confirmation no one could answer without ``--yes``);
 - 3: ``release`` sent its request but no operator worker answered in time, so

@@ -20,9 +20,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from models.db import make_engine, make_session_factory, session_scope
+from models import startup
+from models.db import NoDatabase, make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
-from models.settings import Settings
+from models.settings import Settings, invalid_settings
 
 #: Exit code of a release whose request went out but got no answer.
 EXIT_NO_ANSWER = 3
@@ -83,7 +84,8 @@ def _database_refusal(error: DBAPIError, url: str) -> Refused:
         )
     if isinstance(error, IntegrityError):  # a concurrent change won a unique constraint
         return Refused(f"the database refused the change: {reason}")
-    return Refused(f"cannot use the database at {url}: {reason}")
+    # libpq's reason without its preamble: "connection refused", as the services say it.
+    return Refused(f"cannot use the database at {url}: {startup.database_reason(error)}")
 
 
 class TaskhookGroup(click.Group):
@@ -116,12 +118,13 @@ class CommandRuntime:
         if self._settings is None:
             # Settings() rather than the process-wide cached get_settings(): each
             # invocation reads the environment as it is now.
+            # As every process of taskhook starts (models.startup): a warning
+            # per unknown TASKHOOK_ name, and a bad value in one line.
+            startup.warn_about_unknown_variables()
             try:
                 self._settings = Settings()
             except ValidationError as error:
-                first = error.errors()[0]
-                where = "".join(f"TASKHOOK_{str(part).upper()}: " for part in first["loc"][:1])
-                raise Refused(f"invalid settings: {where}{first['msg']}") from None
+                raise Refused(invalid_settings(error)) from None
         return self._settings
 
     @property
@@ -133,11 +136,28 @@ class CommandRuntime:
 
     @property
     def engine(self) -> Engine:
+        """The engine of the configured database, which must exist: no command
+        but ``db upgrade`` (:meth:`engine_creating_the_database`) creates a
+        SQLite file, so a mistyped path is one line and leaves no empty file."""
+        return self._open_engine(create=False)
+
+    def engine_creating_the_database(self) -> Engine:
+        """The engine, creating a SQLite file (and its folder) not there yet."""
+        return self._open_engine(create=True)
+
+    def _open_engine(self, *, create: bool) -> Engine:
         if self._engine is None:
             try:
-                self._engine = make_engine(self.settings.database_url, settings=self.settings)
+                self._engine = make_engine(
+                    self.settings.database_url, settings=self.settings, create=create
+                )
             except ArgumentError as error:
                 raise Refused(f"invalid TASKHOOK_DATABASE_URL: {first_line(error)}") from None
+            except NoDatabase as error:
+                raise Refused(
+                    f"no database at {error.path} (TASKHOOK_DATABASE_URL); "
+                    "`taskhook db upgrade` creates it"
+                ) from None
         return self._engine
 
     @contextmanager

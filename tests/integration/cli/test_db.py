@@ -1,13 +1,17 @@
 """``taskhook db``, and what any command says about the database it is given:
-migrated from nothing, one clear line when it is unreachable or not migrated."""
+migrated from nothing, one clear line when it is unreachable, not migrated or
+not there -- and only ``db upgrade`` creates a SQLite file."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.cli import ROOT, as_json, refused, taskhook
+import pytest
+
+from tests.support.cli import BIN, ROOT, as_json, refused, taskhook
 from tests.support.stores import Store
 
 
@@ -33,14 +37,75 @@ def test_db_upgrade_of_a_migrated_store_changes_nothing(store: Store):
 
 
 def test_a_database_without_tables_says_to_upgrade(tmp_path: Path):
+    (tmp_path / "empty.db").touch()
     line = refused(taskhook(f"sqlite:///{tmp_path / 'empty.db'}", "stats"))
-    assert "taskhook db upgrade" in line
+    assert line == (
+        f"Error: the database at sqlite:///{tmp_path / 'empty.db'} has no taskhook tables yet: "
+        "run `taskhook db upgrade`"
+    )
+
+
+#: Commands that read, and a few that write: none of them creates a database.
+COMMANDS = [
+    ("stats",),
+    ("explain", "--workspace", "acme", "jira:PROJ-1"),
+    ("task", "lookup", "--workspace", "acme", "jira:PROJ-1"),
+    ("deliveries", "list"),
+    ("deliveries", "show", "1"),
+    ("identities", "list", "--workspace", "acme"),
+    ("identities", "merges"),
+    ("workspace", "list"),
+    ("source", "list"),
+    ("operations", "list"),
+    ("token", "list"),
+    ("workspace", "add", "acme", "--name", "Acme", "--prefix", "ACME"),
+    ("source", "disable", "acme-github"),
+    ("demo", "setup"),
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_no_command_but_db_upgrade_creates_a_sqlite_database(
+    tmp_path: Path, command: tuple[str, ...]
+):
+    mistyped = tmp_path / "vra" / "taskhook.db"
+
+    line = refused(taskhook(f"sqlite:///{mistyped}", *command))
+
+    assert line == (
+        f"Error: no database at {mistyped} (TASKHOOK_DATABASE_URL); "
+        "`taskhook db upgrade` creates it"
+    )
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its folder
+
+
+def test_a_read_command_as_a_process_creates_no_database(tmp_path: Path):
+    """As an operator runs it, with the default database under the working folder."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TASKHOOK_")}
+    done = subprocess.run(
+        [str(BIN / "taskhook"), "deliveries", "list"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "Error: no database at ./var/taskhook.db (TASKHOOK_DATABASE_URL); "
+        "`taskhook db upgrade` creates it"
+    ]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_unreachable_database_is_one_clear_line():
     url = "postgresql+psycopg://postgres:hunter2@127.0.0.1:1/taskhook"
     line = refused(taskhook(url, "workspace", "list"))
-    assert line.startswith("Error: cannot use the database at postgresql+psycopg://postgres:***@")
+    assert line == (
+        "Error: cannot use the database at postgresql+psycopg://postgres:***@127.0.0.1:1/taskhook: "
+        "connection refused"
+    )
     assert "hunter2" not in line
 
 
@@ -49,6 +114,7 @@ def test_importing_the_cli_builds_nothing():
         "import sys, worker.cli; "
         "assert 'worker.celery_app' not in sys.modules; "
         "assert 'celery' not in sys.modules; "
+        "assert 'kombu' not in sys.modules; "
         "assert 'alembic' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
