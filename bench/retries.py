@@ -5,16 +5,21 @@ with a countdown (docs/runbook.md, "RabbitMQ"). On RabbitMQ the message waits
 in the broker's delayed-delivery queues; a worker that held such messages
 instead would hold them unacknowledged, beside the work it should be doing.
 
-Two cases, each round in turn first, each on a virtual host of its own:
+Both cases start from the same database: W tasks whose creates never settled
+(inserted unsettled, as a worker that died after its insert leaves them).
+Then, each round in turn first, each on a virtual host of its own:
 
 - **none waiting** (the baseline): N deliveries posted with no worker
   running, then one worker process (threads, as the Procfile starts it)
   drains them;
-- **waiting**: first W deliveries whose issues' creates never settled (their
-  tasks inserted unsettled, as a worker that died after its insert leaves
-  them) are taken by a worker, which finds each held and sends it to wait
+- **waiting**: first W deliveries of those held issues are taken by a
+  worker, which finds each create unsettled and sends the delivery to wait
   for a retry minutes away; that worker stops (what it held goes back to the
   broker), the N are posted, and a new worker drains them while the W wait.
+
+The held tasks are in both: they change the planner's statistics of the
+tasks table, which alone moves the drain (docs/performance.md §16), and the
+question here is what the waiting messages cost.
 
 Timed from the worker's ready to the N done, as ``bench brokers`` times its
 drains. Reported: each case's rate, the ratio waiting : none per round, and
@@ -105,6 +110,7 @@ def _drain_beside(
 ) -> dict[str, Any]:
     procs = bench.processes
     taskhook.reset(database)
+    _unsettled_tasks(database, taskhook.tag(f"retries-held-{round_}"), bench.sizes.retries_waiting)
     url = procs.rabbitmq()
     env = taskhook.environment(database, url, **RETRY_SETTINGS)
     ingress, ingress_url = procs.uvicorn(f"ingress-retries-{round_}", "ingest.app:app", env)
@@ -140,7 +146,7 @@ def _drain_beside(
     statuses = counts["deliveries_by_status"]
     if statuses.get("done") != n or statuses.get("processing", 0) != waiting:
         raise BenchError(f"expected {n} done and {waiting} waiting: {counts}")
-    if counts["tasks_settled"] != n:
+    if counts["tasks_settled"] != n or counts["tasks"] != n + bench.sizes.retries_waiting:
         raise BenchError(f"not one settled task per delivery: {counts}")
     return {
         "seconds": round(seconds, 2),
@@ -158,10 +164,9 @@ def _wait_for_retries(
     waiting: int,
     round_: int,
 ) -> None:
-    """``waiting`` deliveries whose issues' creates never settled, each sent
-    by a worker to wait for its retry; that worker stopped."""
+    """``waiting`` deliveries of the held issues (:func:`_unsettled_tasks`),
+    each sent by a worker to wait for its retry; that worker stopped."""
     tag = taskhook.tag(f"retries-held-{round_}")
-    _unsettled_tasks(database, tag, waiting)
     posted = bench.load(
         ingress_url, tag=tag, requests=waiting, first_number=WAITING_FIRST_NUMBER, concurrency=8
     )
