@@ -176,9 +176,9 @@ def _side(session: Session, task: Task) -> MergeSide:
 def _checked_pair(
     session: Session, caller: Caller, into_task_id: object, from_task_id: object, *, lock: bool
 ) -> tuple[Task, Task, list[LedgerRow]]:
-    if into_task_id == from_task_id:
-        raise InvalidMerge(f"task {into_task_id} cannot be merged into itself")
     into = _task(session, caller, into_task_id, lock=lock)
+    if into_task_id == from_task_id:
+        raise InvalidMerge(f"task {into.identifier} cannot be merged into itself")
     from_ = _task(session, caller, from_task_id, lock=lock)
     if into.workspace_id != from_.workspace_id:
         raise InvalidMerge(
@@ -333,7 +333,9 @@ def unmerge(
     for name in own_names:
         column = Task.external_id if name.kind is NameKind.EXTERNAL else Task.stable_key
         holder = session.scalar(
-            select(Task.id).where(Task.workspace_id == audit.workspace_id, column == name.value)
+            select(Task.identifier).where(
+                Task.workspace_id == audit.workspace_id, column == name.value
+            )
         )
         if holder is not None:
             raise MergeRefused(f"{name.value!r} is held by task {holder} now: nothing was undone")

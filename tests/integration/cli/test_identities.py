@@ -165,7 +165,7 @@ def test_refusals_are_one_line(store: Store):
     )
     assert refused(
         taskhook(store, "identities", "merge", "--into", "1", "--from", "1", "--reason", "x")
-    ) == ("Error: task 1 cannot be merged into itself")
+    ) == ("Error: task ACME-1 cannot be merged into itself")
     assert refused(
         taskhook(store, "identities", "merge", "--into", "1", "--from", "77", "--reason", "x")
     ) == ("Error: task 77 not found")
