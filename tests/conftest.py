@@ -109,6 +109,15 @@ def postgres_store(postgres_url: str) -> Iterator[Store]:
         engine.dispose()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``runs_last`` go after all others: pytest-randomly shuffles
+    the rest, and a test that reads what the whole run left behind (every log
+    searched for every secret handed out) must come after it."""
+    last = [item for item in items if item.get_closest_marker("runs_last")]
+    items[:] = [item for item in items if not item.get_closest_marker("runs_last")] + last
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Say plainly how many tests ran against the real PostgreSQL."""
     ran = [

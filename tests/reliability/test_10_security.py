@@ -662,9 +662,10 @@ def test_nothing_in_ingest_compares_a_signature_or_secret_with_equality():
 # --- last: no secret in any log line of the whole run ----------------------------------------
 
 
+@pytest.mark.runs_last
 def test_no_secret_of_the_run_appears_in_any_log(log_folder: Path, secret_book, figures):
-    """Runs last (this file sorts last): every log file the run wrote, searched
-    for every secret it handed out."""
+    """Runs last (``runs_last``, tests/conftest.py): every log file the run
+    wrote, searched for every secret it handed out."""
     logs = [path for path in log_folder.rglob("*") if path.is_file() and path.suffix != ".json"]
     leaks = []
     lines = 0
