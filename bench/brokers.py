@@ -12,7 +12,6 @@ the inbox (which is what taskhook's work is, whatever the broker).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import psycopg
 
 from bench import report, taskhook
-from bench.processes import BenchError, libpq_url, throwaway_database, wait_until
+from bench.processes import BenchError, libpq_url, throwaway_database
 
 BROKERS = ("redis", "rabbitmq")
 
@@ -84,19 +83,10 @@ def _drain_on(
         posting = time.monotonic() - started
         if posted["completed"] != n:
             raise BenchError(f"{name}: the ingress answered {posted['completed']} of {n}")
-        worker = procs.celery_worker(f"worker-{name}", "worker", env, wait=False)
-        procs.wait_ready(worker)
-        ready = time.monotonic()
-        wait_until(
-            lambda: taskhook.finished_count(watcher) >= n,
-            timeout=1800,
-            what=f"every delivery done on {name}",
-            every=0.1,
+        seconds = taskhook.timed_drain(
+            procs, f"worker-{name}", env, watcher, n, what=f"every delivery done on {name}"
         )
-        seconds = time.monotonic() - ready
         counts = taskhook.outcome_counts(database)
-        with contextlib.suppress(Exception):
-            procs.stop(worker)
     finally:
         procs.stop(ingress)
     if counts["tasks"] != n or counts["deliveries_by_status"].get("done") != n:

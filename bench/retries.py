@@ -31,10 +31,8 @@ how many of the W messages waited in RabbitMQ's delayed-delivery queues.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
-import time
 from typing import Any
 
 import psycopg
@@ -131,21 +129,15 @@ def _drain_beside(
         )
         if posted["completed"] != n:
             raise BenchError(f"the ingress answered {posted['completed']} of {n}")
-        worker = procs.celery_worker(
-            f"worker-retries-{round_}-{waiting}", "worker", env, wait=False
-        )
-        procs.wait_ready(worker)
-        ready = time.monotonic()
-        wait_until(
-            lambda: taskhook.finished_count(watcher) >= n,
-            timeout=1800,
+        seconds = taskhook.timed_drain(
+            procs,
+            f"worker-retries-{round_}-{waiting}",
+            env,
+            watcher,
+            n,
             what=f"{n} deliveries done beside {waiting} waiting",
-            every=0.1,
         )
-        seconds = time.monotonic() - ready
         counts = taskhook.outcome_counts(database)
-        with contextlib.suppress(Exception):
-            procs.stop(worker)
     finally:
         procs.stop(ingress)
     statuses = counts["deliveries_by_status"]

@@ -3,14 +3,16 @@ the environment of its processes, and the counts a benchmark checks."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
+from typing import Any
 
 import httpx
 import psycopg
 
-from bench.processes import clean_environment, libpq_url
+from bench.processes import clean_environment, libpq_url, wait_until
 from models.db import make_engine, make_session_factory, session_scope
 from models.sources import add_source
 from models.workspaces import create_workspace
@@ -68,6 +70,22 @@ def reset(database_url: str) -> None:
             exists = connection.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
             if exists:
                 connection.execute(f"TRUNCATE {table} RESTART IDENTITY")
+
+
+def timed_drain(
+    procs: Any, name: str, env: dict[str, str], watcher: psycopg.Connection, n: int, *, what: str
+) -> float:
+    """Start one worker process (as the Procfile does), and the seconds from
+    its ready to ``n`` deliveries finished in the inbox; the worker stopped."""
+    worker = procs.celery_worker(name, "worker", env, wait=False)
+    try:
+        procs.wait_ready(worker)
+        ready = time.monotonic()
+        wait_until(lambda: finished_count(watcher) >= n, timeout=1800, what=what, every=0.1)
+        return time.monotonic() - ready
+    finally:
+        with contextlib.suppress(Exception):
+            procs.stop(worker)
 
 
 def finished_count(connection: psycopg.Connection) -> int:
