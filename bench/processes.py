@@ -28,6 +28,7 @@ import redis
 from sqlalchemy.engine import make_url
 
 from migrations import upgrade_to_head
+from models.broker.messages import DELIVERY_QUEUES
 from models.db import make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,7 +267,7 @@ class Processes:
         app: str,
         env: dict[str, str],
         *,
-        queues: str = "deliveries",
+        queues: str = ",".join(DELIVERY_QUEUES),
         wait: bool = True,
     ) -> Process:
         """One Celery worker process, in the shape taskhook's settings give it

@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
         engine = make_engine(settings.database_url, settings=settings)
         metrics = IngressMetrics()
         relay = Relay(
-            publish or celery_publisher(settings),
+            publish if publish is not None else celery_publisher(settings),
             on_dropped=metrics.relay_dropped.inc,
             on_published=metrics.relay_published.inc,
         )

@@ -11,6 +11,10 @@ broker is down, frozen or slow, keys are dropped after a short timeout and
 counted -- nothing is lost, because the row is already durable and ``queued``,
 and the sweeper enqueues every queued row older than its grace period.
 
+Each key is submitted with its lane (``models.broker.lanes``): a batch's keys
+go to their lanes' queues, in the order they came, each lane's in messages
+of its own.
+
 Why not ``.delay()`` in the handler: Celery's publish blocks the request (far
 longer on a sick broker), which costs ingress throughput and would hold
 requests past GitHub's 10 s timeout when Redis freezes (docs/performance.md,
@@ -30,8 +34,8 @@ from kombu.exceptions import ChannelError
 from kombu.utils.uuid import uuid
 
 from models.broker.connection import broker_queues, broker_transport, broker_transport_options
+from models.broker.lanes import Lane
 from models.broker.messages import (
-    DELIVERIES_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
     message_groups,
@@ -41,9 +45,9 @@ from models.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: Publishes a batch of keys; True when it saw the workers behind (messages
-#: waiting in the queue): the relay then fills its next batch.
-Publish = Callable[[Sequence[int]], bool | None]
+#: Publishes a batch of keys to one lane; True when it saw the workers behind
+#: (messages waiting in the live lane): the relay then fills its next batch.
+Publish = Callable[[Sequence[int], Lane], bool | None]
 
 
 def celery_publisher(settings: Settings) -> Publish:
@@ -66,7 +70,7 @@ def celery_publisher(settings: Settings) -> Publish:
     per_message = settings.relay_keys_per_message
     threads = settings.worker_concurrency
 
-    def publish(keys: Sequence[int]) -> bool:
+    def publish(keys: Sequence[int], lane: Lane = Lane.LIVE) -> bool:
         with app.producer_or_acquire() as producer:
             if not producer.supports_batch_publish:
                 groups = message_groups(keys, per_message)
@@ -75,7 +79,7 @@ def celery_publisher(settings: Settings) -> Publish:
                     app.send_task(
                         name,
                         args=args,
-                        queue=DELIVERIES_QUEUE,
+                        queue=lane.value,
                         producer=producer,
                         retry=True,
                         retry_policy=retry_policy,
@@ -96,7 +100,9 @@ def celery_publisher(settings: Settings) -> Publish:
             # (docs/performance.md, "Latency"). Once messages wait, the workers
             # are behind, and full messages serve them better: each costs a
             # worker about a millisecond of its own, whatever it holds.
-            small = -(-len(keys) // per_message) < threads
+            # The background lane is a flood's, or work nobody waits on:
+            # full messages always.
+            small = lane is Lane.LIVE and -(-len(keys) // per_message) < threads
             waiting = _messages_waiting(producer.channel) if small else 0
             spread = threads if small and not waiting else 1
             groups = message_groups(keys, per_message, spread)
@@ -106,7 +112,7 @@ def celery_publisher(settings: Settings) -> Publish:
                     producer.publish(
                         body,
                         exchange="",
-                        routing_key=DELIVERIES_QUEUE,
+                        routing_key=lane.value,
                         serializer="json",
                         headers=headers,
                         delivery_mode=2,
@@ -119,10 +125,10 @@ def celery_publisher(settings: Settings) -> Publish:
 
 
 def _messages_waiting(channel) -> int:
-    """How many messages wait in the deliveries queue, not yet taken by a worker
+    """How many messages wait in the live lane, not yet taken by a worker
     (on Redis, its lists' lengths)."""
     try:
-        return channel.queue_declare(queue=DELIVERIES_QUEUE, passive=True).message_count
+        return channel.queue_declare(queue=Lane.LIVE.value, passive=True).message_count
     except ChannelError:  # Redis keeps no empty list: no queue, nothing waiting
         return 0
 
@@ -204,7 +210,7 @@ class Relay:
         self._on_dropped = on_dropped
         self._on_published = on_published
         self._lock = threading.Lock()
-        self._keys: list[int] = []
+        self._keys: list[tuple[int, Lane]] = []
         #: Set while keys wait: the thread wakes once per batch, not once per key.
         self._waiting = threading.Event()
         self._stopping = threading.Event()
@@ -219,15 +225,15 @@ class Relay:
         self._waiting.set()
         self._thread.join(timeout)
 
-    def submit(self, key: int) -> None:
-        """Queue ``key`` for publishing; never blocks. When full, the key is
-        dropped and counted: its row stays queued for the sweeper."""
+    def submit(self, key: int, lane: Lane = Lane.LIVE) -> None:
+        """Queue ``key`` for publishing on ``lane``; never blocks. When full,
+        the key is dropped and counted: its row stays queued for the sweeper."""
         with self._lock:
             if len(self._keys) >= self._capacity:
                 full = True
             else:
                 full = False
-                self._keys.append(key)
+                self._keys.append((key, lane))
                 first = len(self._keys) == 1
         if full:
             self._on_dropped(1)
@@ -242,7 +248,7 @@ class Relay:
         with self._lock:
             return len(self._keys)
 
-    def _next_batch(self) -> list[int]:
+    def _next_batch(self) -> list[tuple[int, Lane]]:
         if not self._waiting.wait(timeout=0.1):
             return []
         self._linger_while_keys_arrive()
@@ -284,12 +290,25 @@ class Relay:
             batch = self._next_batch()
             if not batch:
                 continue
-            try:
-                self._workers_behind = bool(self._publish(batch))
-            except Exception:  # the broker is sick; the sweeper has these rows
-                log.warning("broker publish failed; %d deliveries left to the sweeper", len(batch))
-                self._on_dropped(len(batch))
-                if not self._stopping.is_set():
-                    time.sleep(0.5)  # do not spin against a dead broker
-            else:
-                self._on_published(len(batch))
+            behind = False
+            for lane, keys in _by_lane(batch):
+                try:
+                    behind = bool(self._publish(keys, lane)) or behind
+                except Exception:  # the broker is sick; the sweeper has these rows
+                    log.warning(
+                        "broker publish failed; %d deliveries left to the sweeper", len(keys)
+                    )
+                    self._on_dropped(len(keys))
+                    if not self._stopping.is_set():
+                        time.sleep(0.5)  # do not spin against a dead broker
+                else:
+                    self._on_published(len(keys))
+            self._workers_behind = behind
+
+
+def _by_lane(batch: Sequence[tuple[int, Lane]]) -> list[tuple[Lane, list[int]]]:
+    """A batch's keys by lane, live first, each lane's in the order they came."""
+    lanes: dict[Lane, list[int]] = {}
+    for key, lane in batch:
+        lanes.setdefault(lane, []).append(key)
+    return sorted(lanes.items(), key=lambda item: item[0] is not Lane.LIVE)

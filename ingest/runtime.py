@@ -22,6 +22,7 @@ from ingest.group_commit import GroupCommitInbox
 from ingest.limits import StreamSlots
 from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
+from models.broker.lanes import FloodGate
 from models.db import session_scope
 from models.inbox import (
     InboxStep,
@@ -60,11 +61,19 @@ class IngressRuntime:
     #: The event streams open on this process (``ingest.limits``).
     streams: StreamSlots
     _sources: dict[tuple[str, str], tuple[float, VerifyingSource]] = field(default_factory=dict)
+    #: Each source's share of the live lane (``models.broker.lanes``); built
+    #: from the settings after the fields above.
+    flood_gate: FloodGate = field(init=False, repr=False)
     _store_limiter: anyio.CapacityLimiter | None = field(default=None, repr=False)
     #: (source id, delivery id) -> fingerprint of the request (the body's
     #: sha256 and the event header), for the last deliveries this process
     #: stored (committed); oldest first.
     _recent: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.flood_gate = FloodGate(
+            rate=self.settings.live_lane_rate, burst=self.settings.live_lane_burst
+        )
 
     def stored_lately(self, source_id: int, delivery_id: str, fingerprint: str) -> bool:
         """True when this process stored this delivery, from this very request

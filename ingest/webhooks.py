@@ -226,8 +226,10 @@ async def _verify_and_store(
     if recorded.status is DeliveryStatus.REPLAY:
         return 202, b'{"delivery":%d,"status":"replay"}' % recorded.pk, "replay"
     # Committed first, enqueued after: the message never names a row that
-    # might not exist, and a lost message is the sweeper's to recover.
-    runtime.relay.submit(recorded.pk)
+    # might not exist, and a lost message is the sweeper's to recover. A
+    # paused source's delivery stays queued until it resumes.
+    if not source.paused:
+        runtime.relay.submit(recorded.pk, runtime.flood_gate.lane(source.id, source.lane))
     return 202, b'{"delivery":%d,"status":"queued"}' % recorded.pk, "queued"
 
 

@@ -39,7 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import NoResultFound
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql import Executable
 
 from models.errors import DeliveryNotFound, LeaseTakenOver, NotReplayable
@@ -586,11 +586,16 @@ def claim_statement(*, delivery_pk, now, lease_until, max_lost=None):
     ran out, becomes this attempt's until ``lease_until`` -- unless ``max_lost``
     of its attempts were lost already (None: no limit), which is left for
     :func:`park_lost`. The arguments are values or bound parameters: the fast
-    path (``models.fastpath``) builds its claim on this one."""
+    path (``models.fastpath``) builds its claim on this one.
+
+    A delivery of a paused source is not claimed: it stays as it is until
+    its source resumes (``models.sources.pause_source``), whatever message
+    was sent for it before the pause."""
     return (
         update(Delivery)
         .where(
             Delivery.id == delivery_pk,
+            ~of_paused_source(),
             or_(
                 Delivery.status == DeliveryStatus.QUEUED.value,
                 and_(
@@ -768,15 +773,34 @@ def park_lost(*, session: Session, delivery_pk: int, max_lost: int) -> bool:
 # --- the sweeper and the operator ---------------------------------------------------
 
 
+def of_paused_source():
+    """The condition on deliveries whose source an operator paused. Its own
+    alias of the sources, so that a statement which reads the sources itself
+    (the fast path's claim) does not correlate it away."""
+    paused = aliased(WebhookSource)
+    return (
+        select(paused.id)
+        .where(paused.id == Delivery.source_id, paused.paused_at.is_not(None))
+        .correlate_except(paused)
+        .exists()
+    )
+
+
 def sweepable(
-    *, session: Session, queued_grace_seconds: float, limit: int = 500, after: int = 0
+    *,
+    session: Session,
+    queued_grace_seconds: float,
+    limit: int = 500,
+    after: int = 0,
+    source_id: int | None = None,
 ) -> Sequence[int]:
     """Rows to hand to the broker again: ``queued`` ones older than the grace
     period (their message was lost, or never sent because the broker was down)
     and ``processing`` ones whose lease ran out (their worker died); at most
     ``limit``, in key order, keys above ``after`` (the last key of the previous
     page). Each queued one is stamped, so the next sweep waits another grace
-    period for it."""
+    period for it. A paused source's rows wait for it to resume; with
+    ``source_id``, only that source's rows (a resumed source's backlog)."""
     now = utcnow()
     stale_queued = and_(
         Delivery.status == DeliveryStatus.QUEUED.value,
@@ -786,9 +810,12 @@ def sweepable(
         Delivery.status == DeliveryStatus.PROCESSING.value,
         Delivery.lease_expires_at <= now,
     )
+    of_source = true() if source_id is None else Delivery.source_id == source_id
     pks = session.scalars(
         select(Delivery.id)
-        .where(Delivery.id > after, or_(stale_queued, lease_expired))
+        .where(
+            Delivery.id > after, or_(stale_queued, lease_expired), of_source, ~of_paused_source()
+        )
         .order_by(Delivery.id)
         .limit(limit)
     ).all()

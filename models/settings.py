@@ -151,6 +151,21 @@ class Settings(BaseSettings):
         "together (a burst) share messages, so the queue's own cost per message is paid once "
         "for several deliveries; a lone delivery still goes alone, at once.",
     )
+    live_lane_rate: float = Field(
+        default=50.0,
+        gt=0,
+        description="Deliveries a second one source may send on the live lane, sustained "
+        "(per ingress process). A source above it is flooding: its deliveries go to the "
+        "background lane until it has kept under this rate for a while, so its flood never "
+        "stands in front of another source's deliveries (docs/architecture.md, "
+        '"Fair share").',
+    )
+    live_lane_burst: int = Field(
+        default=200,
+        gt=0,
+        description="Deliveries one source may send on the live lane at once, above its "
+        "rate (TASKHOOK_LIVE_LANE_RATE), before it counts as flooding.",
+    )
 
     source_cache_seconds: float = Field(
         default=5.0,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from models.broker.lanes import SourceLane
 from models.errors import InvalidSource, SourceNotFound
 from models.providers import PROVIDERS as REGISTRY
 from models.tables import SourceSecret, WebhookSource, Workspace, utcnow
@@ -30,6 +31,10 @@ class VerifyingSource:
     create_events: frozenset[str]
     site_url: str | None
     secrets: tuple[str, ...]
+    #: The lane an operator chose for it (``models.broker.lanes``).
+    lane: SourceLane = SourceLane.AUTO
+    #: Paused by an operator: its deliveries are stored, not sent.
+    paused: bool = False
 
 
 def add_source(
@@ -115,12 +120,45 @@ def verifying_source(*, session: Session, provider: str, slug: str) -> Verifying
         create_events=frozenset(source.create_events),
         site_url=source.site_url,
         secrets=tuple(secret for _, secret in rows),
+        lane=SourceLane(source.lane),
+        paused=source.paused_at is not None,
     )
 
 
 def set_source_enabled(*, session: Session, slug: str, enabled: bool) -> WebhookSource:
     source = get_source(session=session, slug=slug)
     source.enabled = enabled
+    session.flush()
+    return source
+
+
+def set_source_lane(*, session: Session, slug: str, lane: SourceLane) -> WebhookSource:
+    """Send source ``slug``'s deliveries down ``lane`` from now on (the
+    ingress reads it within ``source_cache_seconds``)."""
+    source = get_source(session=session, slug=slug)
+    source.lane = lane.value
+    session.flush()
+    return source
+
+
+def pause_source(*, session: Session, slug: str) -> WebhookSource:
+    """Pause source ``slug``: the ingress still stores and answers its
+    deliveries, and sends none; a worker that gets one already sent leaves it
+    queued (``models.inbox.claim_statement``), and the sweeper passes it by,
+    until :func:`resume_source`. Pausing a paused source changes nothing."""
+    source = get_source(session=session, slug=slug)
+    if source.paused_at is None:
+        source.paused_at = utcnow()
+    session.flush()
+    return source
+
+
+def resume_source(*, session: Session, slug: str) -> WebhookSource:
+    """Let source ``slug``'s deliveries be taken again. Its backlog waits in
+    the inbox, queued: the caller sends it once this commits (the sweeper's
+    pages, for this source alone: ``worker.sweeper.sweep``)."""
+    source = get_source(session=session, slug=slug)
+    source.paused_at = None
     session.flush()
     return source
 

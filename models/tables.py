@@ -336,6 +336,12 @@ class WebhookSource(Base):
     #: Jira only: the site links are built from (``https://acme.atlassian.net``).
     site_url: Mapped[str | None] = mapped_column(Text)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    #: Which lane its deliveries take (``models.broker.lanes.SourceLane``):
+    #: ``auto``, live unless it floods; ``background``, an operator's choice.
+    lane: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
+    #: Set while an operator has paused it: its deliveries are stored, and
+    #: answered, but no worker takes them until it resumes.
+    paused_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -34,6 +34,7 @@ def sweep(
     send: Send,
     limit: int = 500,
     max_rows: int = MAX_ROWS_PER_SWEEP,
+    source_id: int | None = None,
 ) -> Sequence[int]:
     """Send PROCESS_DELIVERY (through ``send``) for ``queued`` rows older than the
     grace period and ``processing`` rows whose lease expired, ``limit`` at a
@@ -41,6 +42,8 @@ def sweep(
 
     Each page is stamped and committed before anything of it is sent (store,
     commit, then enqueue): a message never races the transaction that chose it.
+    With ``source_id``, that source's rows only (a resumed source's backlog,
+    with no grace).
     """
     sent: list[int] = []
     after = 0
@@ -51,6 +54,7 @@ def sweep(
                 queued_grace_seconds=queued_grace_seconds,
                 limit=min(limit, max_rows - len(sent)),
                 after=after,
+                source_id=source_id,
             )
         for pk in page:
             send(pk)

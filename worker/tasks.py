@@ -16,6 +16,7 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from models.broker.connection import broker_countdown
+from models.broker.lanes import Sender, lane_of, lane_of_queue
 from models.broker.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
 from models.db import session_scope
 from worker import processing, runtime, sweeper
@@ -71,6 +72,8 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
             session=session, delivery_pks=pks, settings=runtime.settings(), transient=_TRANSIENT
         )
     recorded: Counter[str] = Counter()  # what the log line shows: the rows say the rest
+    # A retry waits in the lane its message came in on, as PROCESS_DELIVERY's own retry does.
+    lane = lane_of_queue((self.request.delivery_info or {}).get("routing_key"))
     failure: Exception | None = None
     for pk, processed in zip(pks, answers, strict=True):
         if isinstance(processed, Exception):
@@ -79,7 +82,9 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
             continue
         if processed.retry_in is not None:
             countdown = broker_countdown(runtime.settings(), processed.retry_in)
-            self.app.send_task(PROCESS_DELIVERY, args=[pk], countdown=countdown, retries=1)
+            self.app.send_task(
+                PROCESS_DELIVERY, args=[pk], countdown=countdown, retries=1, queue=lane
+            )
         recorded[processed.status.value if processed.status else "not_recorded"] += 1
         # This row's state has committed and the message is not acknowledged
         # yet, whatever follows: the same crash point as PROCESS_DELIVERY's.
@@ -91,10 +96,13 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
 
 @shared_task(name=SWEEP, bind=True)
 def sweep(self) -> dict[str, Any]:
-    """SWEEP(): send PROCESS_DELIVERY again for rows the broker lost or whose worker died."""
+    """SWEEP(): send PROCESS_DELIVERY again for rows the broker lost or whose
+    worker died, on the background lane: after a lost broker they are the
+    whole backlog, and must not stand in front of live deliveries."""
+    lane = lane_of(Sender.SWEEPER)
 
     def send(pk: int) -> None:
-        self.app.send_task(PROCESS_DELIVERY, args=[pk])
+        self.app.send_task(PROCESS_DELIVERY, args=[pk], queue=lane)
 
     with session_scope(runtime.sessions()) as session:
         sent = sweeper.sweep(

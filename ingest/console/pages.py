@@ -44,6 +44,7 @@ from ingest.console import auth
 from ingest.console.auth import PREFIX, Refused, User
 from ingest.rest import STATUS_OF_KIND, console_session_of
 from ingest.runtime import IngressRuntime
+from models.broker.lanes import Sender, lane_of
 from models.console_sessions import SignedIn
 from models.db import session_scope
 from models.display import format_age, format_when
@@ -514,7 +515,7 @@ async def replay_one(request: Request, user: User, delivery_id: int) -> Response
 
     await run_in_threadpool(read, request, work)
     # Committed: only now may a worker see the message (store, commit, enqueue).
-    _runtime(request).relay.submit(delivery_id)
+    _runtime(request).relay.submit(delivery_id, lane_of(Sender.OPERATOR_REPLAY))
     return _redirect(f"{PREFIX}/deliveries/{delivery_id}", "replayed")
 
 
@@ -544,9 +545,11 @@ async def replay_matching(request: Request, user: User) -> Response:
     expected = str(form.get("expected") or "")
     scope = await run_in_threadpool(read, request, lambda s: scope_of(s, user))
 
+    lane = lane_of(Sender.BULK_REPLAY)
+
     def publish(keys: list[int]) -> None:
         for key in keys:
-            runtime.relay.submit(key)
+            runtime.relay.submit(key, lane)
 
     def work() -> None:
         with runtime.store_errors():

@@ -18,12 +18,13 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from models.broker.messages import DELIVERIES_QUEUE, OPERATOR_QUEUE
+from models.broker.messages import DELIVERY_QUEUES, OPERATOR_QUEUE
 from models.settings import Settings
 
 
 def broker_queues(settings: Settings) -> list[Queue]:
-    """The two queues, as every Celery app of taskhook declares them.
+    """The queues, as every Celery app of taskhook declares them: the
+    deliveries' two lanes (``models.broker.lanes``) and the operator's.
 
     On RabbitMQ: quorum queues (replicated, at-least-once; a delivery limit
     against a message that kills its worker), each bound to a topic exchange
@@ -44,11 +45,12 @@ def broker_queues(settings: Settings) -> list[Queue]:
         arguments = {"x-queue-type": "quorum", "x-delivery-limit": settings.broker_delivery_limit}
         return [
             Queue(name, queue_exchange(name), routing_key=name, queue_arguments=arguments)
-            for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
+            for name in _QUEUES
         ]
-    return [
-        Queue(name, Exchange(name), routing_key=name) for name in (DELIVERIES_QUEUE, OPERATOR_QUEUE)
-    ]
+    return [Queue(name, Exchange(name), routing_key=name) for name in _QUEUES]
+
+
+_QUEUES = (*DELIVERY_QUEUES, OPERATOR_QUEUE)
 
 
 def queue_exchange(queue: str) -> Exchange:

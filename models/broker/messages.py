@@ -6,7 +6,14 @@ Messages carry keys, never payloads or ORM objects.
 
 from collections.abc import Sequence
 
+#: The live lane: what a sender is waiting for (models.broker.lanes).
 DELIVERIES_QUEUE = "deliveries"
+#: The background lane: floods, catch-ups, bulk replays and the sweeper's
+#: resends (models.broker.lanes). The same messages as on the live lane; a
+#: deliveries worker consumes both, in turn.
+BACKGROUND_QUEUE = "deliveries.background"
+#: Both lanes: the queues a deliveries worker consumes (the Procfile's ``--queues``).
+DELIVERY_QUEUES = (DELIVERIES_QUEUE, BACKGROUND_QUEUE)
 OPERATOR_QUEUE = "operator"
 
 #: process_delivery(delivery_pk: int) on the deliveries queue.

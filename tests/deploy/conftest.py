@@ -51,7 +51,7 @@ def ingress(sourced: Store) -> Callable[..., AbstractContextManager[TestClient]]
     def running(publish: Publish | None = None, **settings: object) -> Iterator[TestClient]:
         app = create_app(
             Settings(database_url=sourced.url, source_cache_seconds=0, **settings),
-            publish=publish or (lambda keys: None),
+            publish=publish or (lambda keys, lane: None),
         )
         with TestClient(app) as client:
             yield client

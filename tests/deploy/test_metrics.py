@@ -172,7 +172,7 @@ def test_without_source_labels_one_series_says_the_most_silent_source(ingress, s
 def test_the_relay_s_pending_keys(ingress):
     inside, release = threading.Event(), threading.Event()
 
-    def publish(keys) -> None:  # a broker that hangs
+    def publish(keys, lane) -> None:  # a broker that hangs
         inside.set()
         release.wait(10)
 

@@ -166,7 +166,7 @@ def client(store: Store) -> Iterator[tuple[TestClient, dict, int]]:
     create(store, acme.id, "jira:PROJ-1")
     create(store, acme.id, "jira:PROJ-2")
     create(store, globex.id, "jira:PROJ-9")
-    app = create_app(Settings(database_url=store.url), publish=lambda keys: None)
+    app = create_app(Settings(database_url=store.url), publish=lambda keys, lane: None)
     with TestClient(app) as test_client:
         yield test_client, {"Authorization": f"Bearer {token}"}, acme.id
 

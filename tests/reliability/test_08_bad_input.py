@@ -123,7 +123,7 @@ class _Unexpected(logging.Handler):
 def fuzz(shared_database, secret_book, figures):
     engine, sessions = database_view(shared_database.url)
     tenant = add_tenant(sessions, secret_book, "fuzz", "FUZZ")
-    app = create_app(_settings(shared_database.url), publish=lambda keys: None)
+    app = create_app(_settings(shared_database.url), publish=lambda keys, lane: None)
     unexpected: list[str] = []
     catcher = _Unexpected(unexpected)
     logging.getLogger("ingest").addHandler(catcher)
@@ -500,7 +500,7 @@ def api(secret_book):
         ).token
     secret_book.add(token)
     engine.dispose()
-    app = create_app(_settings(database.url), publish=lambda keys: None)
+    app = create_app(_settings(database.url), publish=lambda keys, lane: None)
     try:
         with TestClient(app):  # runs the lifespan, as schemathesis's ASGI client does not
             yield Api(schemathesis.openapi.from_asgi("/openapi.json", app), token)

@@ -142,7 +142,7 @@ def tenants(shared_database, secret_book):
                         session=session, name=name, role=role, workspace_ids=[tenant.workspace_id]
                     ).token
                 )
-    app = create_app(Settings(database_url=shared_database.url), publish=lambda keys: None)
+    app = create_app(Settings(database_url=shared_database.url), publish=lambda keys, lane: None)
     with TestClient(app, raise_server_exceptions=False) as client:
         created = client.post(
             "/api/v1/tasks",

@@ -20,6 +20,7 @@ from models.sources import add_source
 from models.tables import Delivery
 from models.tokens import issue_token
 from tests.support.deliveries import fixture, github_headers
+from tests.support.ingress import Published
 from tests.support.stores import Store
 
 #: The secret of both workspaces' GitHub sources.
@@ -33,7 +34,7 @@ class Console:
     acme: int
     globex: int
     tokens: dict[str, str]
-    published: list[int]
+    published: Published
 
     def sign_in(self, who: str) -> str:
         """Sign in as token ``who``; the CSRF token of the session."""
@@ -114,10 +115,10 @@ def open_console(store: Store, **settings) -> Iterator[Console]:
             tokens[name] = issue_token(
                 session=session, name=name, role=role, workspace_ids=[workspace]
             ).token
-    published: list[int] = []
+    published = Published()
     app = create_app(
         Settings(database_url=store.url, source_cache_seconds=0, **settings),
-        publish=published.extend,
+        publish=published,
     )
     with TestClient(app) as client:
         yield Console(client, store, acme.id, globex.id, tokens, published)

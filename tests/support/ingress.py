@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from ingest.app import create_app
+from models.broker.lanes import Lane
 from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
@@ -28,11 +29,24 @@ GITLAB_TOKEN = "gl-token-1"
 SECRETS = {"github": GITHUB_SECRET, "jira": JIRA_SECRET, "gitlab": GITLAB_TOKEN}
 
 
+class Published(list):
+    """The ingress's publisher in tests: the keys it was given, in order (the
+    list itself), and the lane each went to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lanes: dict[int, Lane] = {}
+
+    def __call__(self, keys, lane: Lane) -> None:
+        self.extend(keys)
+        self.lanes.update(dict.fromkeys(keys, lane))
+
+
 @dataclass
 class Ingress:
     client: TestClient
     store: Store
-    published: list[int]
+    published: Published
 
     def send(
         self,
@@ -97,8 +111,8 @@ def open_ingress(store: Store) -> Iterator[Ingress]:
             secret=GITLAB_TOKEN,
             create_events=["Issue Hook.open", "Merge Request Hook.open"],
         )
-    published: list[int] = []
-    app = create_app(settings_for(store.url), publish=published.extend)
+    published = Published()
+    app = create_app(settings_for(store.url), publish=published)
     with TestClient(app) as client:
         yield Ingress(client, store, published)
 

@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from models.broker.messages import DELIVERY_QUEUES, OPERATOR_QUEUE
 from models.inbox import FINISHED
 from models.tables import Delivery
 
@@ -151,7 +152,8 @@ class Launcher:
     ) -> WorkerProcess:
         unique = f"{name}-{uuid.uuid4().hex[:6]}"
         args = [sys.executable, "-m", "celery", "-A", "worker", "worker"]
-        args += ["-Q", "deliveries,operator", "-n", f"{unique}@%h", "-l", "INFO"]
+        args += ["-Q", ",".join((*DELIVERY_QUEUES, OPERATOR_QUEUE)), "-n", f"{unique}@%h"]
+        args += ["-l", "INFO"]
         # No pool named: the shape taskhook ships (threads, TASKHOOK_WORKER_CONCURRENCY).
         if pool is not None:
             args += ["--pool", pool] + (["-c", "1"] if pool == "prefork" else [])

@@ -26,6 +26,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from models.broker.messages import DELIVERY_QUEUES
 from models.db import make_engine, make_session_factory, session_scope
 from models.sources import add_source
 from models.tables import Delivery as DeliveryRow
@@ -77,7 +78,7 @@ class Stack:
         *,
         pool: str | None = None,
         concurrency: int | None = None,
-        queues: str = "deliveries",
+        queues: str = ",".join(DELIVERY_QUEUES),
         beat: bool = False,
         wait: bool = True,
         **env: str,

@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
+from models.broker.lanes import Sender, lane_of
 from models.broker.messages import CATCH_UP, message_groups, task_for
 from models.catchup import sources_to_catch_up
 from models.db import session_scope
@@ -28,11 +29,12 @@ def catch_up(self) -> dict[str, Any]:
     never a crash loop."""
 
     per_message = runtime.settings().relay_keys_per_message
+    lane = lane_of(Sender.CATCH_UP)
 
     def send(pks: list[int]) -> None:
         for keys in message_groups(pks, per_message):
             name, args = task_for(keys)
-            self.app.send_task(name, args=args)
+            self.app.send_task(name, args=args, queue=lane)
 
     with session_scope(runtime.sessions()) as session:
         sources = sources_to_catch_up(session=session)

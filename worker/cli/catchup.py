@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from models.broker.messages import DELIVERIES_QUEUE, message_groups, task_for
+from models.broker.lanes import Sender, lane_of
+from models.broker.messages import message_groups, task_for
 from models.catchup import checked_repo, mark_handled
 from models.tables import utcnow
 from worker.cli import runtime as cli_runtime
@@ -229,13 +230,14 @@ def _run_and_report(
 
     unsent: list[int] = []
     per_message = runtime.settings.relay_keys_per_message
+    lane = lane_of(Sender.CATCH_UP)
 
     def send(pks: list[int]) -> None:
         # A row the broker does not take is still queued: the sweeper sends it.
         for keys in message_groups(pks, per_message):
             name, args = task_for(keys)
             try:
-                _load_celery_app().send_task(name, args=args, queue=DELIVERIES_QUEUE)
+                _load_celery_app().send_task(name, args=args, queue=lane)
             except Exception as error:
                 if not unsent:
                     said = first_line(error)

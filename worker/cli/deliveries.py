@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 
 import click
 
-from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERY, message_groups, task_for
+from models.broker.lanes import Sender, lane_of
+from models.broker.messages import PROCESS_DELIVERY, message_groups, task_for
 from models.inbox import DeliveryStatus, replay
 from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
 from models.replay_plan import ReplayPlan, plan_replay
@@ -217,7 +218,7 @@ def deliveries_replay(
     # Committed: only now may a worker see the message (store, commit, then enqueue).
     try:
         cli_runtime.load_celery_app().send_task(
-            PROCESS_DELIVERY, args=[delivery], queue=DELIVERIES_QUEUE
+            PROCESS_DELIVERY, args=[delivery], queue=lane_of(Sender.OPERATOR_REPLAY)
         )
         enqueued, problem = True, None
     except Exception as error:  # the row is queued and durable: the sweeper sends it later
@@ -394,6 +395,7 @@ def deliveries_replay_matching(
 
     unsent: list[int] = []
     per_message = runtime.settings.relay_keys_per_message
+    lane = lane_of(Sender.BULK_REPLAY)
 
     def send(keys: list[int]) -> None:
         # Called after each batch's commit. A key the broker does not take is
@@ -401,7 +403,7 @@ def deliveries_replay_matching(
         for group in message_groups(keys, per_message):
             task, args = task_for(group)
             try:
-                cli_runtime.load_celery_app().send_task(task, args=args, queue=DELIVERIES_QUEUE)
+                cli_runtime.load_celery_app().send_task(task, args=args, queue=lane)
             except Exception as error:
                 if not unsent:
                     click.echo(

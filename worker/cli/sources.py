@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 import click
 from sqlalchemy.exc import IntegrityError
 
+from models.broker.lanes import Sender, SourceLane, lane_of
+from models.broker.messages import PROCESS_DELIVERY
 from models.catchup import (
     GITHUB_API,
     GITLAB_URL,
@@ -36,12 +38,17 @@ from models.sources import (
     add_source,
     checked_secret,
     checked_slug,
+    pause_source,
+    resume_source,
     retire_older_secrets,
     set_source_enabled,
+    set_source_lane,
 )
+from worker.cli import runtime as cli_runtime
 from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import checked_by
-from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
+from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
+from worker.sweeper import sweep
 
 
 @click.group()
@@ -225,6 +232,93 @@ def source_disable(runtime: CommandRuntime, name: str, as_json: bool) -> None:
 def source_enable(runtime: CommandRuntime, name: str, as_json: bool) -> None:
     """Accept deliveries from source NAME again."""
     _set_enabled(runtime, name, True, as_json)
+
+
+@source.command("pause")
+@click.argument("name")
+@json_option
+@pass_runtime
+def source_pause(runtime: CommandRuntime, name: str, as_json: bool) -> None:
+    """Hold source NAME's deliveries: still stored and answered, none processed
+    until `taskhook source resume NAME`. For a storm that must wait."""
+    with runtime.session() as session:
+        pause_source(session=session, slug=name)
+    if as_json:
+        emit_json({"source": name, "paused": True})
+    else:
+        click.echo(
+            f"Source {name} paused: its deliveries are stored and answered as before, and "
+            "wait in the inbox, queued, until `taskhook source resume "
+            f"{name}` (the ingress sees the pause within "
+            f"{runtime.settings.source_cache_seconds:g} s)."
+        )
+
+
+@source.command("resume")
+@click.argument("name")
+@json_option
+@pass_runtime
+def source_resume(runtime: CommandRuntime, name: str, as_json: bool) -> None:
+    """Process source NAME's deliveries again, and send what waited meanwhile
+    (on the background lane, behind everyone's live deliveries)."""
+    with runtime.session() as session:
+        source_id = resume_source(session=session, slug=name).id
+    lane = lane_of(Sender.RESUME)
+    unsent: list[int] = []
+
+    def send(pk: int) -> None:
+        if unsent:  # the broker refused one already: the sweeper sends the rest
+            unsent.append(pk)
+            return
+        try:
+            cli_runtime.load_celery_app().send_task(PROCESS_DELIVERY, args=[pk], queue=lane)
+        except Exception as error:
+            click.echo(f"The broker did not take a message ({first_line(error)}).", err=True)
+            unsent.append(pk)
+
+    # Committed: only now may a worker take them (store, commit, enqueue).
+    with runtime.session() as session:
+        sent = sweep(
+            session=session,
+            queued_grace_seconds=0,
+            send=send,
+            max_rows=sys.maxsize,
+            source_id=source_id,
+        )
+    if as_json:
+        emit_json({"source": name, "paused": False, "sent": len(sent) - len(unsent)})
+        return
+    click.echo(
+        f"Source {name} resumed: {len(sent) - len(unsent)} waiting deliveries sent "
+        "on the background lane."
+    )
+    if unsent:
+        click.echo(
+            f"{len(unsent)} were not sent: the sweeper sends them within "
+            f"{runtime.settings.queued_grace_seconds:g} s of the broker's return.",
+            err=True,
+        )
+
+
+@source.command("lane")
+@click.argument("name")
+@click.argument("lane", type=click.Choice([lane.value for lane in SourceLane]))
+@json_option
+@pass_runtime
+def source_lane(runtime: CommandRuntime, name: str, lane: str, as_json: bool) -> None:
+    """Choose source NAME's lane: auto (live, unless it floods) or background
+    (always behind everyone's live deliveries: a storm's lower share)."""
+    with runtime.session() as session:
+        set_source_lane(session=session, slug=name, lane=SourceLane(lane))
+    if as_json:
+        emit_json({"source": name, "lane": lane})
+    elif lane == SourceLane.BACKGROUND:
+        click.echo(
+            f"Source {name} now takes the background lane: its deliveries wait behind "
+            f"everyone's live ones. `taskhook source lane {name} auto` undoes it."
+        )
+    else:
+        click.echo(f"Source {name} takes the live lane again, unless it floods.")
 
 
 @source.command("rotate-secret")

@@ -14,7 +14,7 @@ import pytest
 from bench.fakes.github_api import FakeGitHub
 from bench.fakes.gitlab_api import FakeGitLab
 from bench.fakes.jira_api import FakeJira
-from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES
+from models.broker.messages import BACKGROUND_QUEUE, PROCESS_DELIVERIES
 from models.db import session_scope
 from models.sources import add_source
 from models.tables import CatchUpSource
@@ -107,7 +107,7 @@ def test_catch_up_github_dry_run_then_run_then_nothing_new(
     done = as_json(taskhook(store, *run))
     assert len(done["recovered"]) == 3
     # The three, committed together, share one worker message.
-    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], DELIVERIES_QUEUE)]
+    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], BACKGROUND_QUEUE)]
 
     again = as_json(taskhook(store, *run, "--since", "1d"))
     assert again["missed"] == [] and len(celery.sent) == 1
@@ -249,7 +249,7 @@ def test_catch_up_github_scan_stores_each_item_once_however_often_it_runs(
     done = as_json(taskhook(store, *scan, "--json"))
     assert done["kind"] == "scan" and len(done["recovered"]) == 4
     assert done["missed"][0] == "scan:gh-issue/acme/widgets#1"
-    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], DELIVERIES_QUEUE)]
+    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], BACKGROUND_QUEUE)]
 
     again = taskhook(store, *scan)
     assert again.exit_code == 0, again.output
@@ -322,7 +322,7 @@ def test_catch_up_jira_searches_the_site_and_stores_each_issue_once(
     assert dry["missed"] == [f"scan:jira:PROJ-{n}" for n in (1, 2, 3)] and celery.sent == []
     done = as_json(taskhook(store, *run, "--json"))
     assert done["kind"] == "search" and len(done["recovered"]) == 3
-    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], DELIVERIES_QUEUE)]
+    assert celery.sent == [(PROCESS_DELIVERIES, [done["recovered"]], BACKGROUND_QUEUE)]
     again = taskhook(store, *run)
     assert again.exit_code == 0 and "Jira's issue search" in again.stdout
     assert len(celery.sent) == 1

@@ -12,7 +12,12 @@ import subprocess
 
 import pytest
 
-from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
+from models.broker.messages import (
+    BACKGROUND_QUEUE,
+    DELIVERIES_QUEUE,
+    PROCESS_DELIVERIES,
+    PROCESS_DELIVERY,
+)
 from models.db import session_scope
 from models.inbox import DeliveryStatus, IncomingDelivery, record_delivery
 from models.tables import Delivery
@@ -234,7 +239,7 @@ def test_replay_matching_counts_apart_and_leaves_out_what_was_deleted_before_it_
         1,
         [parked],
     )
-    assert celery.sent == [(PROCESS_DELIVERY, [dead], DELIVERIES_QUEUE)]
+    assert celery.sent == [(PROCESS_DELIVERY, [dead], BACKGROUND_QUEUE)]
     assert (ran["operation"]["done"], ran["operation"]["criteria"]) == (1, {})
     assert (ran["task_deleted"], ran["task_deleted_ids"]) == (1, [parked])
     assert people.splitlines()[1] == (
@@ -262,7 +267,7 @@ def test_replay_matching_replays_a_named_one_and_creates_its_task_again(store: S
         f"To run it: the same options --recreate {parked}, without --dry-run, with --name NAME "
         "--expect 2.",
     ]
-    assert celery.sent == [(PROCESS_DELIVERIES, [[parked, dead]], DELIVERIES_QUEUE)]
+    assert celery.sent == [(PROCESS_DELIVERIES, [[parked, dead]], BACKGROUND_QUEUE)]
     assert ran["operation"]["criteria"] == {"recreate": [parked]}
     assert f"recreate=[{parked}]" in history
     assert (again.status, again.outcome) == (DeliveryStatus.DONE, "created")
@@ -521,7 +526,7 @@ def test_replay_matching_queues_sends_and_keeps_the_run_in_the_history(store: St
     table = taskhook(store, "operations", "list")
     (listed,) = as_json(taskhook(store, "operations", "list", "--json"))["operations"]
 
-    assert celery.sent == [(PROCESS_DELIVERIES, [dead], DELIVERIES_QUEUE)]
+    assert celery.sent == [(PROCESS_DELIVERIES, [dead], BACKGROUND_QUEUE)]
     assert statuses(store, dead) == ["queued"] * 3
     assert ran["not_sent"] == 0
     assert listed == ran["operation"]

@@ -36,7 +36,7 @@ def api(store: Store) -> Iterator[Api]:
             tokens[name] = issue_token(
                 session=session, name=name, role=role, workspace_ids=[workspace]
             ).token
-    app = create_app(Settings(database_url=store.url), publish=lambda keys: None)
+    app = create_app(Settings(database_url=store.url), publish=lambda keys, lane: None)
     with TestClient(app) as client:
         yield Api(client, store, acme.id, globex.id, tokens)
 

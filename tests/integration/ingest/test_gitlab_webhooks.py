@@ -225,7 +225,7 @@ def test_an_oversized_body_is_413(store: Store):
             secret="t",
             create_events=["Issue Hook.open"],
         )
-    app = create_app(settings_for(store.url, max_body_bytes=1000), publish=lambda keys: None)
+    app = create_app(settings_for(store.url, max_body_bytes=1000), publish=lambda keys, lane: None)
     with TestClient(app) as client:
         body = fixture("gitlab", "issue_hook__open")
         headers = gitlab_headers("issue_hook__open", "t")
@@ -234,7 +234,7 @@ def test_an_oversized_body_is_413(store: Store):
 
 def test_an_unreachable_database_is_503_with_retry_after():
     url = "postgresql+psycopg://postgres@127.0.0.1:1/nowhere?connect_timeout=1"
-    with TestClient(create_app(settings_for(url), publish=lambda keys: None)) as client:
+    with TestClient(create_app(settings_for(url), publish=lambda keys, lane: None)) as client:
         body = fixture("gitlab", "issue_hook__open")
         headers = gitlab_headers("issue_hook__open", "t")
         response = client.post("/webhooks/gitlab/g", content=body, headers=headers)

@@ -67,7 +67,7 @@ def test_the_longest_delivery_id_taken_is_stored_as_sent(ingress: Ingress):
 def guarded(store: Store):
     """An ingress whose /metrics needs a token and labels deliveries by source."""
     settings = settings_for(store.url, metrics_token="m3trics", metrics_source_labels=True)
-    with TestClient(create_app(settings, publish=lambda keys: None)) as client:
+    with TestClient(create_app(settings, publish=lambda keys, lane: None)) as client:
         yield client
 
 
@@ -87,7 +87,7 @@ def test_source_names_label_the_metrics_only_when_asked(ingress: Ingress, store:
     assert "acme-github" not in ingress.client.get("/metrics").text
 
     settings = settings_for(store.url, metrics_source_labels=True)
-    with TestClient(create_app(settings, publish=lambda keys: None)) as client:
+    with TestClient(create_app(settings, publish=lambda keys, lane: None)) as client:
         # Another body: the same one under a new delivery id would be a replay.
         body = fixture("github", "issues__opened_with_organization")
         headers = github_headers("issues__opened_with_organization", body, GITHUB_SECRET)

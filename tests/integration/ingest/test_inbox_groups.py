@@ -129,7 +129,7 @@ def grouped(store: Store) -> Iterator[Grouped]:
             create_events=["issues.opened"],
         ).id
     settings = settings_for(store.url, sqlite_busy_timeout_ms=BUSY_TIMEOUT_MS)
-    app = create_app(settings, publish=lambda keys: None)
+    app = create_app(settings, publish=lambda keys, lane: None)
     with TestClient(app) as client:
         runtime: IngressRuntime = app.state.runtime
         yield Grouped(client, store, runtime, InboxCommits(runtime.sessions.kw["bind"]), source_id)

@@ -63,7 +63,7 @@ def serving(store: Store, **settings: object) -> Iterator[Server]:
         token = issue_token(
             session=session, name="reader", role="member", workspace_ids=[workspace.id]
         ).token
-    app = create_app(Settings(database_url=store.url, **settings), publish=lambda keys: None)
+    app = create_app(Settings(database_url=store.url, **settings), publish=lambda keys, lane: None)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -30,7 +30,7 @@ DAYS_45 = timedelta(days=45)
 
 def fresh_ingress(store: Store) -> Iterator[TestClient]:
     """Another ingress process: nothing it stored itself to answer from."""
-    with TestClient(create_app(settings_for(store.url), publish=lambda keys: None)) as client:
+    with TestClient(create_app(settings_for(store.url), publish=lambda keys, lane: None)) as client:
         yield client
 
 

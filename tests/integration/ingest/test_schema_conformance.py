@@ -63,7 +63,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path):
                 new=NewTask(title=f"task {n}", external_id=f"jira:PROJ-{n}"),
             )
     engine.dispose()
-    app = create_app(Settings(database_url=url), publish=lambda keys: None)
+    app = create_app(Settings(database_url=url), publish=lambda keys, lane: None)
     return schemathesis.openapi.from_asgi("/openapi.json", app), token
 
 

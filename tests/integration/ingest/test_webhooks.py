@@ -353,7 +353,7 @@ def test_an_unsupported_content_type_is_415(ingress: Ingress):
 
 def test_a_declared_oversized_body_is_413_before_it_is_read(store: Store):
     store.workspace()
-    app = create_app(settings_for(store.url, max_body_bytes=1000), publish=lambda keys: None)
+    app = create_app(settings_for(store.url, max_body_bytes=1000), publish=lambda keys, lane: None)
     with TestClient(app) as client:
         with session_scope(store.sessions) as session:
             add_source(
@@ -388,7 +388,7 @@ def test_a_streamed_oversized_body_is_refused_without_buffering_it_all():
 
 def test_an_unreachable_database_is_503_with_retry_after():
     url = "postgresql+psycopg://postgres@127.0.0.1:1/nowhere?connect_timeout=1"
-    with TestClient(create_app(settings_for(url), publish=lambda keys: None)) as client:
+    with TestClient(create_app(settings_for(url), publish=lambda keys, lane: None)) as client:
         body = fixture("jira", "jira_issue_created__cloud")
         response = client.post("/webhooks/jira/j", content=body, headers=jira_headers(body, "s"))
         assert response.status_code == 503

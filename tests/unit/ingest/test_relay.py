@@ -11,7 +11,9 @@ import pytest
 from celery import Celery
 
 from ingest.relay import DeliveryMessages, Relay, celery_publisher
+from models.broker.lanes import Lane
 from models.broker.messages import (
+    BACKGROUND_QUEUE,
     DELIVERIES_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
@@ -91,25 +93,32 @@ def test_the_publisher_sends_one_message_per_group() -> None:
     # (a broker without pipelines); Redis's is proven end to end.
     broker = f"memory://relay-{uuid.uuid4().hex}"
     publish = celery_publisher(Settings(broker_url=broker, relay_keys_per_message=3))
-    publish(list(range(1, 8)))
+    publish(list(range(1, 8)), Lane.LIVE)
+    publish([8, 9], Lane.BACKGROUND)
 
     app = Celery("reader", broker=broker, set_as_current=False)
-    seen = []
+    seen: dict[str, list] = {}
     with app.connection_for_read() as connection:
-        queue = connection.SimpleQueue(DELIVERIES_QUEUE)
-        while True:
-            try:
-                message = queue.get(timeout=0.2)
-            except Empty:
-                break
-            seen.append((message.headers["task"], message.payload[0]))
-            message.ack()
-        queue.close()
-    assert seen == [
-        (PROCESS_DELIVERIES, [[1, 2, 3]]),
-        (PROCESS_DELIVERIES, [[4, 5, 6]]),
-        (PROCESS_DELIVERY, [7]),
-    ]
+        for lane in Lane:
+            queue = connection.SimpleQueue(lane.value)
+            while True:
+                try:
+                    message = queue.get(timeout=0.2)
+                except Empty:
+                    break
+                seen.setdefault(lane.value, []).append(
+                    (message.headers["task"], message.payload[0])
+                )
+                message.ack()
+            queue.close()
+    assert seen == {
+        DELIVERIES_QUEUE: [
+            (PROCESS_DELIVERIES, [[1, 2, 3]]),
+            (PROCESS_DELIVERIES, [[4, 5, 6]]),
+            (PROCESS_DELIVERY, [7]),
+        ],
+        BACKGROUND_QUEUE: [(PROCESS_DELIVERIES, [[8, 9]])],
+    }
 
 
 class _Recorder:
@@ -117,8 +126,11 @@ class _Recorder:
         self.batches: list[list[int]] = []
         self.published = threading.Event()
 
-    def __call__(self, keys) -> None:
+        self.lanes: list[Lane] = []
+
+    def __call__(self, keys, lane) -> None:
         self.batches.append(list(keys))
+        self.lanes.append(lane)
         self.published.set()
 
 
@@ -135,6 +147,37 @@ def test_keys_are_published_once_each_in_batches() -> None:
     # Submitted at once, they went out in full batches, not one by one.
     assert len(publish.batches) == 3
     assert sum(published) == 25
+
+
+def test_each_key_goes_to_its_lane_live_first_each_lane_in_order() -> None:
+    publish = _Recorder()
+    relay = Relay(publish, batch_size=10, linger=0.05)  # not started: one batch
+    for key in range(6):
+        relay.submit(key, Lane.BACKGROUND if key % 2 else Lane.LIVE)
+    relay.start()
+    relay.stop()
+    assert list(zip(publish.lanes, publish.batches, strict=True)) == [
+        (Lane.LIVE, [0, 2, 4]),
+        (Lane.BACKGROUND, [1, 3, 5]),
+    ]
+
+
+def test_a_lane_the_broker_refuses_leaves_the_other_published() -> None:
+    sent: list[tuple[Lane, list[int]]] = []
+    dropped: list[int] = []
+
+    def live_only(keys, lane) -> None:
+        if lane is Lane.BACKGROUND:
+            raise ConnectionError("no background queue")
+        sent.append((lane, list(keys)))
+
+    relay = Relay(live_only, linger=0.0, on_dropped=dropped.append)
+    relay.submit(1, Lane.BACKGROUND)
+    relay.submit(2, Lane.LIVE)
+    relay.start()
+    relay.stop()
+    assert sent == [(Lane.LIVE, [2])]
+    assert dropped == [1]
 
 
 def test_a_lone_key_goes_out_after_the_linger() -> None:
@@ -185,7 +228,7 @@ def test_while_the_workers_are_behind_the_relay_lingers_its_whole_time() -> None
     # The publisher says messages wait: the next lone key waits out the linger.
     published_at: list[float] = []
 
-    def behind(keys) -> bool:
+    def behind(keys, lane) -> bool:
         published_at.append(time.monotonic())
         return True
 
@@ -208,7 +251,7 @@ def test_while_the_workers_are_behind_the_relay_lingers_its_whole_time() -> None
 
 def test_a_full_relay_drops_and_counts_instead_of_blocking() -> None:
     dropped: list[int] = []
-    relay = Relay(lambda keys: None, capacity=3, on_dropped=dropped.append)  # never started
+    relay = Relay(lambda keys, lane: None, capacity=3, on_dropped=dropped.append)  # never started
     started = time.monotonic()
     for key in range(5):
         relay.submit(key)
@@ -220,7 +263,7 @@ def test_a_full_relay_drops_and_counts_instead_of_blocking() -> None:
 def test_a_failed_publish_leaves_the_batch_to_the_sweeper() -> None:
     dropped: list[int] = []
 
-    def broken(keys) -> None:
+    def broken(keys, lane) -> None:
         raise ConnectionError("broker down")
 
     relay = Relay(broken, linger=0.0, on_dropped=dropped.append)

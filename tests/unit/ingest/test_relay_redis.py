@@ -16,6 +16,7 @@ from celery import Celery
 
 from ingest.relay import Relay, celery_publisher
 from models.broker.connection import broker_transport, broker_transport_options
+from models.broker.lanes import Lane
 from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
 from models.settings import Settings
 from tests.support.fake_redis import FakeRedis
@@ -31,9 +32,9 @@ def publisher(fake_redis: FakeRedis, threads: int = 4):
     return celery_publisher(settings(fake_redis, threads))
 
 
-def queued(redis: fakeredis.FakeRedis) -> list[dict]:
-    """The raw messages of the deliveries list, oldest first (LPUSH: newest first)."""
-    return [json.loads(raw) for raw in reversed(redis.lrange(DELIVERIES_QUEUE, 0, -1))]
+def queued(redis: fakeredis.FakeRedis, lane: Lane = Lane.LIVE) -> list[dict]:
+    """The raw messages of a lane's list, oldest first (LPUSH: newest first)."""
+    return [json.loads(raw) for raw in reversed(redis.lrange(lane.value, 0, -1))]
 
 
 def body_of(message: dict) -> list:
@@ -98,6 +99,16 @@ def test_a_small_batch_spreads_while_the_list_is_empty_and_fills_once_messages_w
     assert publish([4, 5, 6]) is True  # messages still wait: the workers are behind
 
     assert body_of(queued(redis)[-1])[0] == [[4, 5, 6]]  # one full message
+
+
+def test_the_background_lane_gets_full_messages_on_its_own_list(fake_redis, redis):
+    publish = publisher(fake_redis, threads=4)
+
+    # A flood's few keys are not spread over the threads: the workers owe
+    # them no haste, and each message costs a worker its own time.
+    assert publish([1, 2, 3], Lane.BACKGROUND) is False
+    assert [body_of(m)[0] for m in queued(redis, Lane.BACKGROUND)] == [[[1, 2, 3]]]
+    assert queued(redis) == []
 
 
 def test_the_relay_sends_every_key_once(fake_redis, redis):
