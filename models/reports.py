@@ -178,6 +178,10 @@ class SourceSummary:
     #: When its newest webhook delivery was received; None: it has none. A
     #: catch-up's rows do not count: they say the webhook did not get through.
     last_delivery_at: datetime | None = None
+    #: Its lane (``models.broker.lanes.SourceLane``), and since when an
+    #: operator paused it (None: not paused).
+    lane: str = "auto"
+    paused_at: datetime | None = None
 
     @property
     def rotating(self) -> bool:
@@ -258,6 +262,8 @@ def list_source_summaries(
             active_secrets=secret_count,
             created_at=source.created_at,
             last_delivery_at=last.get(source.id),
+            lane=source.lane,
+            paused_at=source.paused_at,
         )
         for source, workspace_slug, secret_count in rows
     ]

@@ -11,6 +11,7 @@ so a worker's death does not refill it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
@@ -63,3 +64,16 @@ def sweep(
             break
         after = page[-1]
     return sent
+
+
+def send_backlog(*, session: Session, source_id: int, send: Send) -> Sequence[int]:
+    """Send every delivery of source ``source_id`` still to be done, at once
+    (no grace: a resumed source's backlog); the sweeper's pages, for one
+    source. Returns their keys."""
+    return sweep(
+        session=session,
+        queued_grace_seconds=0,
+        send=send,
+        max_rows=sys.maxsize,
+        source_id=source_id,
+    )

@@ -80,10 +80,10 @@ class Ingress:
             return list(session.scalars(select(Delivery).order_by(Delivery.id)))
 
 
-def open_ingress(store: Store) -> Iterator[Ingress]:
+def open_ingress(store: Store, **settings: object) -> Iterator[Ingress]:
     """The ingress on ``store``, with a workspace fed by a source per provider
     (``acme-github``, ``acme-jira``, ``acme-gitlab``): what the ``ingress``
-    fixtures hand out."""
+    fixtures hand out; ``settings`` override the ingress's."""
     workspace = store.workspace()
     with session_scope(store.sessions) as session:
         add_source(
@@ -112,7 +112,7 @@ def open_ingress(store: Store) -> Iterator[Ingress]:
             create_events=["Issue Hook.open", "Merge Request Hook.open"],
         )
     published = Published()
-    app = create_app(settings_for(store.url), publish=published)
+    app = create_app(settings_for(store.url, **settings), publish=published)
     with TestClient(app) as client:
         yield Ingress(client, store, published)
 

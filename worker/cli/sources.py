@@ -48,7 +48,7 @@ from worker.cli import runtime as cli_runtime
 from worker.cli.output import emit_json, json_option, print_table
 from worker.cli.params import checked_by
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
-from worker.sweeper import sweep
+from worker.sweeper import send_backlog
 
 
 @click.group()
@@ -185,13 +185,14 @@ def source_list(runtime: CommandRuntime, as_json: bool) -> None:
         )
         return
     print_table(
-        ("NAME", "PROVIDER", "WORKSPACE", "ENABLED", "SECRETS", "EVENTS", "URL"),
+        ("NAME", "PROVIDER", "WORKSPACE", "ENABLED", "LANE", "SECRETS", "EVENTS", "URL"),
         (
             (
                 s.slug,
                 s.provider,
                 s.workspace,
                 s.enabled,
+                "paused" if s.paused_at else s.lane,
                 s.active_secrets,
                 ",".join(s.create_events),
                 url,
@@ -278,13 +279,7 @@ def source_resume(runtime: CommandRuntime, name: str, as_json: bool) -> None:
 
     # Committed: only now may a worker take them (store, commit, enqueue).
     with runtime.session() as session:
-        sent = sweep(
-            session=session,
-            queued_grace_seconds=0,
-            send=send,
-            max_rows=sys.maxsize,
-            source_id=source_id,
-        )
+        sent = send_backlog(session=session, source_id=source_id, send=send)
     if as_json:
         emit_json({"source": name, "paused": False, "sent": len(sent) - len(unsent)})
         return

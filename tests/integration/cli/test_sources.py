@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+from models.broker.lanes import SourceLane
+from models.broker.messages import BACKGROUND_QUEUE, PROCESS_DELIVERY
 from models.sources import verifying_source
 from tests.support.cli import PUBLIC_URL, as_json, refused, taskhook
-from tests.support.scenarios import SECRET, a_source
+from tests.support.scenarios import SECRET, a_delivery, a_source
 from tests.support.stores import Store
 
 
@@ -128,11 +130,19 @@ def test_source_list_shows_active_secret_counts_never_secrets(store: Store):
         "PROVIDER",
         "WORKSPACE",
         "ENABLED",
+        "LANE",
         "SECRETS",
         "EVENTS",
         "URL",
     ]
-    assert table.stdout.splitlines()[1].split()[:5] == ["acme-github", "github", "acme", "yes", "2"]
+    assert table.stdout.splitlines()[1].split()[:6] == [
+        "acme-github",
+        "github",
+        "acme",
+        "yes",
+        "auto",
+        "2",
+    ]
     assert SECRET not in table.output + json.dumps(listed)
     assert [(s["slug"], s["active_secrets"], s["url"]) for s in listed] == [
         ("acme-github", 2, f"{PUBLIC_URL}/webhooks/github/acme-github")
@@ -184,3 +194,72 @@ def test_rotate_secret_mistakes(store: Store):
     both = taskhook(store, "source", "rotate-secret", "acme-github", "--finish", "--secret", "x")
     assert both.exit_code == 2
     assert refused(taskhook(store, "source", "rotate-secret", "nope")).endswith("'nope'")
+
+
+# --- a storm: pause, resume, lane ---------------------------------------------------------
+
+
+def test_pausing_holds_a_source_and_resuming_sends_what_waited_on_the_background_lane(
+    store: Store, celery
+):
+    source_id = a_source(store, store.workspace().id)
+    waiting = [a_delivery(store, source_id, f"storm-{n}") for n in range(3)]
+
+    paused = taskhook(store, "source", "pause", "acme-github")
+    assert paused.exit_code == 0, paused.output
+    assert paused.stdout.startswith("Source acme-github paused: its deliveries are stored")
+    with store.sessions() as session:
+        assert verifying_source(session=session, provider="github", slug="acme-github").paused
+    # Twice is once: the pause keeps its first time.
+    assert as_json(taskhook(store, "source", "pause", "acme-github", "--json")) == {
+        "source": "acme-github",
+        "paused": True,
+    }
+
+    assert taskhook(store, "source", "list").stdout.splitlines()[1].split()[4] == "paused"
+
+    resumed = taskhook(store, "source", "resume", "acme-github")
+    assert resumed.exit_code == 0, resumed.output
+    assert resumed.stdout == (
+        "Source acme-github resumed: 3 waiting deliveries sent on the background lane.\n"
+    )
+    assert celery.sent == [(PROCESS_DELIVERY, [pk], BACKGROUND_QUEUE) for pk in waiting]
+    with store.sessions() as session:
+        assert not verifying_source(session=session, provider="github", slug="acme-github").paused
+    assert refused(taskhook(store, "source", "resume", "nope")) == (
+        "Error: no webhook source named 'nope'"
+    )
+
+
+def test_resuming_while_the_broker_is_down_leaves_the_backlog_to_the_sweeper(store: Store, celery):
+    source_id = a_source(store, store.workspace().id)
+    a_delivery(store, source_id, "storm-1")
+    a_delivery(store, source_id, "storm-2")
+    taskhook(store, "source", "pause", "acme-github")
+    celery.broker_down = True
+
+    resumed = taskhook(store, "source", "resume", "acme-github")
+
+    assert resumed.exit_code == 0
+    assert "2 were not sent: the sweeper sends them" in resumed.stderr
+    assert "The broker did not take a message" in resumed.stderr
+    with store.sessions() as session:
+        assert not verifying_source(session=session, provider="github", slug="acme-github").paused
+
+
+def test_a_source_is_sent_to_the_background_lane_and_back(store: Store):
+    a_source(store, store.workspace().id)
+
+    background = taskhook(store, "source", "lane", "acme-github", "background")
+    assert background.exit_code == 0
+    assert "now takes the background lane" in background.stdout
+    with store.sessions() as session:
+        found = verifying_source(session=session, provider="github", slug="acme-github")
+    assert found.lane is SourceLane.BACKGROUND
+    assert as_json(taskhook(store, "source", "lane", "acme-github", "auto", "--json")) == {
+        "source": "acme-github",
+        "lane": "auto",
+    }
+    wrong = taskhook(store, "source", "lane", "acme-github", "fast")
+    assert wrong.exit_code == 2
+    assert "'fast' is not one of 'auto', 'background'" in wrong.output
