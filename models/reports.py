@@ -934,7 +934,9 @@ def workspace_backlogs(
 
     One query over the unfinished rows only: ``ix_deliveries_status_updated_at``
     finds them by status, however many finished rows the inbox holds, and the
-    sources (a few per workspace) give each its workspace.
+    sources (a few per workspace) give each its workspace. When a storm makes
+    them a large part of the inbox, PostgreSQL reads the table instead, as it
+    does for the inbox gauges' count by status (docs/performance.md, §17).
     """
     if top < 0:
         raise ValueError(f"top must be >= 0, not {top}")
