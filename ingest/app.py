@@ -271,8 +271,9 @@ def _add_operational_routes(app: FastAPI) -> None:
         unexpected errors, payload mismatches, rejected signatures, relay
         counters and its pending keys; and, read from the database at each
         scrape, the inbox by status, the oldest queued delivery's age, the
-        sweeper's lag, each source's last delivery and last catch-up, and the
-        downtime no catch-up has covered (``models.reports.gaps``). With
+        backed-up workspaces' backlogs and waits, the sweeper's lag, each
+        source's last delivery and last catch-up, and the downtime no
+        catch-up has covered (``models.reports.gaps``). With
         TASKHOOK_METRICS_TOKEN set, only for ``Authorization: Bearer <token>``."""
         runtime: IngressRuntime = request.app.state.runtime
         wanted = runtime.settings.metrics_token

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from models.inbox import DeliveryStatus
 from models.providers import PROVIDERS
-from models.reports import Gaps, LastDeliveries, inbox_disk_use
+from models.reports import Backlogs, Gaps, LastDeliveries, inbox_disk_use, workspace_backlogs
 from models.tables import Delivery, WebhookSource, utcnow
 
 #: The statuses ``taskhook_inbox_deliveries`` counts: every one but ``done``
@@ -28,6 +28,17 @@ COUNTED_STATUSES = tuple(
     for status in DeliveryStatus
     if status not in (DeliveryStatus.DONE, DeliveryStatus.IGNORED)
 )
+
+#: How many workspaces have series of their own in the workspace backlog
+#: gauges: those with the largest backlogs. A storm backs up one workspace or
+#: a few (a Jira bulk import, a labelling bot, a bulk replay), so ten name
+#: every one of them, while an inbox of thousands of workspaces still writes
+#: at most 2 x 11 series a scrape; the other workspaces are summed into
+#: :data:`OTHER_WORKSPACES`, so no delivery leaves the gauges.
+BACKLOG_WORKSPACES = 10
+#: The series of the workspaces beyond :data:`BACKLOG_WORKSPACES`; no
+#: workspace's slug can be it (slugs are lowercase letters, digits, dashes).
+OTHER_WORKSPACES = "_other"
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,8 @@ class InboxReading:
     last_delivery: dict[str, datetime]
     #: The inbox's disk, as the database measures it (``inbox_disk_use``).
     storage_bytes: int = 0
+    #: The workspaces with the largest backlogs, and the rest folded.
+    backlogs: Backlogs = field(default_factory=lambda: Backlogs(largest=[]))
 
 
 @dataclass
@@ -131,6 +144,28 @@ class IngressMetrics:
             "(0: nothing queued).",
             registry=self.registry,
         )
+        bound = (
+            f"Only the {BACKLOG_WORKSPACES} workspaces with the largest backlogs have a series "
+            "of their own (workspace=<slug>), and only while they are among them; the others "
+            f'are folded into workspace="{OTHER_WORKSPACES}", always present'
+        )
+        self.workspace_backlog = Gauge(
+            "taskhook_workspace_backlog",
+            "The workspace's deliveries queued or processing (received, not finished), read "
+            f"from the database at each scrape. {bound}: their sum.",
+            ["workspace"],
+            registry=self.registry,
+        )
+        self.workspace_oldest_queued = Gauge(
+            "taskhook_workspace_oldest_queued_seconds",
+            "How long the workspace's oldest queued delivery has waited since it was received "
+            f"(0: none queued). {bound}: the longest wait among them.",
+            ["workspace"],
+            registry=self.registry,
+        )
+        #: The workspaces the backlog gauges show now: a scrape removes the
+        #: series of those no longer among them rather than leave them stale.
+        self._backlog_series: set[str] = set()
         self.sweeper_lag = Gauge(
             "taskhook_sweeper_lag_seconds",
             "How long past its grace period (TASKHOOK_QUEUED_GRACE_SECONDS) a queued "
@@ -216,10 +251,11 @@ class IngressMetrics:
             self.catchup_last_failed.labels("-").set(max(int(r.error is not None) for r in runs))
 
     def read_inbox(self, *, session: Session, now: datetime | None = None) -> InboxReading:
-        """What :meth:`show_inbox` shows, in three indexed queries -- the counted
-        statuses' rows (``ix_deliveries_status_updated_at``), the enabled
-        sources, and the deliveries stored since the last scrapes (by key) --
-        and the database's measure of the inbox's disk."""
+        """What :meth:`show_inbox` shows, in four indexed queries -- the counted
+        statuses' rows and the unfinished ones by workspace (both by
+        ``ix_deliveries_status_updated_at``), the enabled sources, and the
+        deliveries stored since the last scrapes (by key) -- and the
+        database's measure of the inbox's disk."""
         now = now or utcnow()
         counts = dict.fromkeys(COUNTED_STATUSES, 0)
         received = updated = None
@@ -253,6 +289,7 @@ class IngressMetrics:
             last_delivery=sources,
             # The database's own measure only: counting the bodies reads every row.
             storage_bytes=inbox_disk_use(session=session, count_bodies=False).storage_bytes,
+            backlogs=workspace_backlogs(session=session, top=BACKLOG_WORKSPACES, now=now),
         )
 
     def show_inbox(
@@ -270,6 +307,7 @@ class IngressMetrics:
         self.sweeper_lag.set(
             max(0.0, waited(reading.oldest_queued_updated_at) - queued_grace_seconds)
         )
+        self.show_backlogs(reading.backlogs)
         self.source_last_delivery.clear()
         last = {slug: at.timestamp() for slug, at in reading.last_delivery.items()}
         if by_source:
@@ -277,6 +315,23 @@ class IngressMetrics:
                 self.source_last_delivery.labels(slug).set(timestamp)
         elif last:
             self.source_last_delivery.labels("-").set(min(last.values()))
+
+    def show_backlogs(self, backlogs: Backlogs) -> None:
+        """Set the workspace backlog gauges: a series for each of the
+        workspaces in ``backlogs.largest`` and one for the rest, always; the
+        series of a workspace no longer among them are removed."""
+        shown = {
+            workspace.slug: (workspace.backlog, workspace.oldest_queued_age_seconds)
+            for workspace in backlogs.largest
+        }
+        shown[OTHER_WORKSPACES] = (backlogs.rest_backlog, backlogs.rest_oldest_queued_age_seconds)
+        for workspace in self._backlog_series - shown.keys():
+            self.workspace_backlog.remove(workspace)
+            self.workspace_oldest_queued.remove(workspace)
+        for workspace, (backlog, age) in shown.items():
+            self.workspace_backlog.labels(workspace).set(backlog)
+            self.workspace_oldest_queued.labels(workspace).set(age or 0.0)
+        self._backlog_series = set(shown)
 
     def show_relay(self, *, pending: int) -> None:
         self.relay_pending.set(pending)

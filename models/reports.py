@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Integer, cast, func, or_, select, text
+from sqlalchemy import Integer, case, cast, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from models.catchup import BY_HAND, catch_up_command, mark_handled_command
@@ -888,6 +888,107 @@ def inbox_stats(
     )
     counts = counts_by_status(session=session, workspace_ids=workspace_ids)
     return InboxStats(counts, oldest, age, unknown or 0)
+
+
+#: The statuses of a delivery received and not finished: a workspace's backlog.
+UNFINISHED = (DeliveryStatus.QUEUED.value, DeliveryStatus.PROCESSING.value)
+#: How many backed-up workspaces the console's overview and ``taskhook stats``
+#: list, largest backlog first; the others are summed in one line under them.
+LISTED_BACKLOGS = 10
+
+
+@dataclass(frozen=True)
+class WorkspaceBacklog:
+    """One workspace's deliveries received and not finished."""
+
+    workspace_id: int
+    slug: str
+    #: Its deliveries ``queued`` or ``processing``.
+    backlog: int
+    #: When its oldest ``queued`` delivery was received, and how long ago
+    #: that is; None when none is queued (only ``processing`` ones).
+    oldest_queued_at: datetime | None
+    oldest_queued_age_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Backlogs:
+    """The workspaces that are backed up (:func:`workspace_backlogs`)."""
+
+    #: The ``top`` workspaces with the largest backlogs, largest first.
+    largest: list[WorkspaceBacklog]
+    #: The other workspaces with a backlog, folded into one: how many, their
+    #: backlogs summed, and their oldest queued delivery (the longest wait).
+    rest_workspaces: int = 0
+    rest_backlog: int = 0
+    rest_oldest_queued_at: datetime | None = None
+    rest_oldest_queued_age_seconds: float | None = None
+
+
+def workspace_backlogs(
+    *,
+    session: Session,
+    top: int,
+    now: datetime | None = None,
+    workspace_ids: frozenset[int] | None = None,
+) -> Backlogs:
+    """Which workspaces of ``workspace_ids`` (None: every one) are backed up:
+    each one's deliveries ``queued`` or ``processing``, and the age of its
+    oldest queued one -- the ``top`` with the largest backlogs, largest first
+    (then the longest wait, then the slug), the rest folded into one line.
+    The console's overview, ``taskhook stats`` and ``/metrics`` all read this.
+
+    One query over the unfinished rows only: ``ix_deliveries_status_updated_at``
+    finds them by status, however many finished rows the inbox holds, and the
+    sources (a few per workspace) give each its workspace. When a storm makes
+    them a large part of the inbox, PostgreSQL reads the table instead, as it
+    does for the inbox gauges' count by status (docs/performance.md, §17).
+    """
+    if top < 0:
+        raise ValueError(f"top must be >= 0, not {top}")
+    now = now or utcnow()
+    queued_at = case(
+        (Delivery.status == DeliveryStatus.QUEUED.value, Delivery.received_at),
+        else_=None,
+    )
+    query = (
+        select(
+            Workspace.id,
+            Workspace.slug,
+            func.count().label("backlog"),
+            func.min(queued_at).label("oldest"),
+        )
+        .select_from(Delivery)
+        .join(WebhookSource, WebhookSource.id == Delivery.source_id)
+        .join(Workspace, Workspace.id == WebhookSource.workspace_id)
+        .where(Delivery.status.in_(UNFINISHED))
+        .group_by(Workspace.id, Workspace.slug)
+    )
+    if workspace_ids is not None:
+        query = query.where(Workspace.id.in_(sorted(workspace_ids)))
+
+    def age(since: datetime | None) -> float | None:
+        return None if since is None else max(0.0, (now - since).total_seconds())
+
+    # Python's sort, not ORDER BY: SQLite and PostgreSQL order NULLs apart,
+    # and the rows are one per workspace with a backlog.
+    every = sorted(
+        (
+            WorkspaceBacklog(workspace_id, slug, backlog, oldest, age(oldest))
+            for workspace_id, slug, backlog, oldest in session.execute(query)
+        ),
+        key=lambda w: (-w.backlog, w.oldest_queued_at or now, w.slug),
+    )
+    largest, rest = every[:top], every[top:]
+    waiting = [w.oldest_queued_at for w in rest if w.oldest_queued_at is not None]
+    oldest_rest = min(waiting, default=None)
+    return Backlogs(
+        largest=largest,
+        rest_workspaces=len(rest),
+        rest_backlog=sum(w.backlog for w in rest),
+        rest_oldest_queued_at=oldest_rest,
+        rest_oldest_queued_age_seconds=age(oldest_rest),
+    )
 
 
 #: The longest stretch :func:`deliveries_per_minute` charts, minute by minute.

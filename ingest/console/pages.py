@@ -60,6 +60,7 @@ from models.operations import (
 )
 from models.replay_plan import plan_replay
 from models.reports import (
+    LISTED_BACKLOGS,
     SourceSummary,
     WorkspaceSummary,
     deliveries_per_minute,
@@ -74,6 +75,7 @@ from models.reports import (
     show_delivery,
     task_named,
     timeline,
+    workspace_backlogs,
 )
 from models.sources import add_secret, get_source, retire_older_secrets
 from models.tables import Delivery, EventStream, Task, WebhookSource
@@ -289,6 +291,9 @@ def overview(request: Request, user: User) -> HTMLResponse:
     def work(session: Session) -> dict[str, Any]:
         scope = scope_of(session, user)
         stats = inbox_stats(session=session, workspace_ids=scope.ids, now=now)
+        backlogs = workspace_backlogs(
+            session=session, top=LISTED_BACKLOGS, now=now, workspace_ids=scope.ids
+        )
         rate = deliveries_per_minute(
             session=session,
             since=now - timedelta(hours=CHART_HOURS),
@@ -308,6 +313,7 @@ def overview(request: Request, user: User) -> HTMLResponse:
         )
         return {
             "stats": stats,
+            "backlogs": backlogs,
             "chart": {
                 "minutes": [int(minute.timestamp()) for minute in rate.minutes],
                 "counts": rate.counts,

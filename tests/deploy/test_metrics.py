@@ -1,6 +1,7 @@
 """The gauges the alerts need, scraped from a real ingress on SQLite and PostgreSQL:
-the inbox by status, the backlog's age, the sweeper's lag, each source's last
-delivery, the relay's pending keys and the webhook routes' unexpected errors."""
+the inbox by status, the backlog's age, each backed-up workspace's backlog, the
+sweeper's lag, each source's last delivery, the relay's pending keys and the
+webhook routes' unexpected errors."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from datetime import timedelta
 from sqlalchemy import delete, func, select, update
 
 from ingest import webhooks
-from ingest.metrics import COUNTED_STATUSES
+from ingest.metrics import BACKLOG_WORKSPACES, COUNTED_STATUSES, OTHER_WORKSPACES
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.sources import set_source_enabled
 from models.tables import Delivery, WebhookSource, utcnow
 from tests.support.metrics import post, scraped, value
+from tests.support.scenarios import a_backlog, a_source
 from tests.support.stores import Store
 
 GITHUB_CREATES = ["issues__opened", "pull_request__opened", "issues__opened_with_organization"]
@@ -94,6 +96,80 @@ def test_the_inbox_by_status_the_backlog_age_and_the_sweeper_lag(ingress, source
     assert value(families, "taskhook_inbox_deliveries", status="queued") == 0
     assert value(families, "taskhook_inbox_oldest_queued_age_seconds") == 0
     assert value(families, "taskhook_sweeper_lag_seconds") == 0
+
+
+BACKLOG = "taskhook_workspace_backlog"
+OLDEST = "taskhook_workspace_oldest_queued_seconds"
+
+
+def backlog_series(families) -> dict[str, tuple[float, float]]:
+    """Each workspace label's backlog and oldest queued wait, as scraped."""
+    ages = {sample.labels["workspace"]: sample.value for sample in families[OLDEST].samples}
+    return {
+        sample.labels["workspace"]: (sample.value, ages.pop(sample.labels["workspace"]))
+        for sample in families[BACKLOG].samples
+    } | {workspace: (None, age) for workspace, age in ages.items()}
+
+
+def test_the_largest_workspace_backlogs_have_series_and_the_rest_one(ingress, sourced: Store):
+    """Twelve backed-up workspaces: the ten largest have series of their own,
+    the last two are summed into _other; a workspace whose backlog drains, or
+    drops out of the ten, loses its series."""
+    assert BACKLOG_WORKSPACES == 10
+    now = utcnow()
+    keys_of, workspace_of = {}, {}
+    for number in range(1, 13):
+        slug = f"w{number:02}"
+        workspace_of[slug] = sourced.workspace(slug, f"W{number}").id
+        source = a_source(sourced, workspace_of[slug], f"{slug}-github")
+        # w01 the largest backlog (13), w12 the smallest (2); w12 waited longest.
+        keys_of[slug] = a_backlog(
+            sourced, source, queued=14 - number, received_at=now - timedelta(minutes=number)
+        )
+    a_backlog(sourced, a_source(sourced, workspace_of["w05"], "w05-jira"), processing=2)
+
+    with ingress() as client:
+        shown = backlog_series(scraped(client))
+        assert set(shown) == {f"w{n:02}" for n in range(1, 11)} | {OTHER_WORKSPACES}
+        assert shown["w01"][0] == 13
+        assert shown["w05"][0] == 9 + 2  # processing ones count: received, not finished
+        assert 60 <= shown["w01"][1] < 60 + 30
+        assert 5 * 60 <= shown["w05"][1] < 5 * 60 + 30
+        # w11's 3 and w12's 2; w12's 12 minutes, the longest wait of the two.
+        assert shown[OTHER_WORKSPACES][0] == 3 + 2
+        assert 12 * 60 <= shown[OTHER_WORKSPACES][1] < 12 * 60 + 30
+
+        # w03 drains: its series goes, w11 has one of its own now.
+        with session_scope(sourced.sessions) as session:
+            session.execute(
+                update(Delivery)
+                .where(Delivery.id.in_(keys_of["w03"]))
+                .values(status=DeliveryStatus.DONE.value)
+            )
+        shown = backlog_series(scraped(client))
+        assert "w03" not in shown
+        assert shown["w11"][0] == 3 and 11 * 60 <= shown["w11"][1] < 11 * 60 + 30
+        assert shown[OTHER_WORKSPACES][0] == 2
+
+        # Everything drains: only _other remains, at 0.
+        with session_scope(sourced.sessions) as session:
+            session.execute(update(Delivery).values(status=DeliveryStatus.DONE.value))
+        families = scraped(client)
+    assert backlog_series(families) == {OTHER_WORKSPACES: (0, 0)}
+
+
+def test_a_workspace_with_only_processing_deliveries_waits_for_nothing(ingress, sourced: Store):
+    with ingress() as client:
+        assert backlog_series(scraped(client)) == {OTHER_WORKSPACES: (0, 0)}
+        assert post(client, "github", "issues__opened").status_code == 202
+        (key,) = keys(sourced)
+        change(sourced, key, received_at=utcnow() - timedelta(minutes=2))
+        shown = backlog_series(scraped(client))
+        assert set(shown) == {"acme", OTHER_WORKSPACES}
+        assert shown["acme"][0] == 1 and 120 <= shown["acme"][1] < 150
+        change(sourced, key, status=DeliveryStatus.PROCESSING.value)
+        shown = backlog_series(scraped(client))
+    assert shown == {"acme": (1, 0), OTHER_WORKSPACES: (0, 0)}
 
 
 def test_a_queued_delivery_within_its_grace_is_no_sweeper_lag(ingress, sourced: Store):

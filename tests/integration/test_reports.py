@@ -32,6 +32,7 @@ from models.reports import (
     list_workspaces,
     show_delivery,
     timeline,
+    workspace_backlogs,
 )
 from models.sources import add_secret
 from models.tables import Delivery, utcnow
@@ -42,6 +43,7 @@ from models.tokens import issue_token, list_tokens, revoke_token
 from tests.support.scenarios import (
     EXTERNAL_ID,
     SECRET,
+    a_backlog,
     a_delivery,
     a_source,
     create_by,
@@ -521,6 +523,121 @@ def test_stats_are_scoped_to_the_workspaces_given(store: Store):
         0,
         T0,
     )
+
+
+# --- backed-up workspaces ---------------------------------------------------------------------
+
+
+def test_a_workspace_s_backlog_is_its_queued_and_processing_deliveries(store: Store):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    gamma, idle = store.workspace("gamma", "GAMMA"), store.workspace("idle", "IDLE")
+    acme_github, acme_jira = (
+        a_source(store, acme.id, "acme-github"),
+        a_source(store, acme.id, "acme-jira"),
+    )
+    # Two sources of one workspace add up; the oldest queued is either one's.
+    a_backlog(store, acme_github, queued=2, processing=1, finished=5, received_at=T0)
+    a_backlog(store, acme_jira, queued=1, received_at=T0 - timedelta(minutes=3))
+    # A processing delivery received earlier is no queued one: it does not age the backlog.
+    a_backlog(store, acme_jira, processing=1, received_at=T0 - timedelta(hours=1))
+    a_backlog(store, a_source(store, beta.id, "beta-github"), processing=2, received_at=T0)
+    gamma_source = a_source(store, gamma.id, "gamma-github")
+    a_backlog(store, gamma_source, queued=1, received_at=T0 + timedelta(minutes=1))
+    settle_as(store, a_delivery(store, gamma_source, "d-dead"), DeliveryStatus.DEAD, error="x")
+    settle_as(store, a_delivery(store, gamma_source, "d-parked"), DeliveryStatus.NEEDS_OPERATOR)
+    a_backlog(store, a_source(store, idle.id, "idle-github"), finished=3)
+
+    with store.sessions() as session:
+        found = workspace_backlogs(session=session, top=10, now=T0 + timedelta(minutes=10))
+
+    assert [
+        (w.slug, w.backlog, w.oldest_queued_at, w.oldest_queued_age_seconds) for w in found.largest
+    ] == [
+        ("acme", 5, T0 - timedelta(minutes=3), 780.0),
+        # Only processing ones: a backlog, but no queued delivery waits.
+        ("beta", 2, None, None),
+        # Its dead and parked deliveries are finished: no backlog.
+        ("gamma", 1, T0 + timedelta(minutes=1), 540.0),
+    ]
+    assert (found.rest_workspaces, found.rest_backlog, found.rest_oldest_queued_at) == (0, 0, None)
+    assert found.largest[0].workspace_id == acme.id
+
+
+def test_equal_backlogs_list_the_longest_wait_first_then_by_slug(store: Store):
+    slugs = ["delta", "alpha", "charlie", "bravo"]
+    sources = {
+        slug: a_source(store, store.workspace(slug, slug.upper()).id, f"{slug}-s") for slug in slugs
+    }
+    a_backlog(store, sources["delta"], queued=2, received_at=T0)
+    a_backlog(store, sources["charlie"], queued=2, received_at=T0 - timedelta(seconds=1))
+    a_backlog(store, sources["alpha"], processing=2)
+    a_backlog(store, sources["bravo"], processing=2)
+
+    with store.sessions() as session:
+        found = workspace_backlogs(session=session, top=10, now=T0 + timedelta(minutes=1))
+
+    assert [w.slug for w in found.largest] == ["charlie", "delta", "alpha", "bravo"]
+
+
+def test_beyond_the_top_the_workspaces_are_folded_into_one(store: Store):
+    waits = {"w1": 1, "w2": 7, "w3": 3, "w4": 9, "w5": 5}
+    for number, (slug, minutes) in enumerate(waits.items(), start=1):
+        source = a_source(store, store.workspace(slug, slug.upper()).id, f"{slug}-github")
+        # w1 the largest backlog, w5 the smallest.
+        a_backlog(store, source, queued=6 - number, received_at=T0 - timedelta(minutes=minutes))
+    a_backlog(store, a_source(store, store.workspace("w6", "W6").id, "w6-github"), processing=1)
+
+    with store.sessions() as session:
+        top_two = workspace_backlogs(session=session, top=2, now=T0)
+        none_listed = workspace_backlogs(session=session, top=0, now=T0)
+        every = workspace_backlogs(session=session, top=100, now=T0)
+
+    assert [(w.slug, w.backlog) for w in top_two.largest] == [("w1", 5), ("w2", 4)]
+    # w3, w4, w5 and w6: 3 + 2 + 1 + 1, the longest wait w4's 9 minutes.
+    assert (top_two.rest_workspaces, top_two.rest_backlog) == (4, 7)
+    assert top_two.rest_oldest_queued_at == T0 - timedelta(minutes=9)
+    assert top_two.rest_oldest_queued_age_seconds == 540.0
+    assert none_listed.largest == []
+    assert (none_listed.rest_workspaces, none_listed.rest_backlog) == (6, 16)
+    assert none_listed.rest_oldest_queued_age_seconds == 540.0
+    assert len(every.largest) == 6 and every.rest_workspaces == 0
+    assert every.rest_oldest_queued_age_seconds is None
+
+
+def test_the_folded_rest_has_no_wait_when_none_of_it_is_queued(store: Store):
+    for slug, kind in (("big", "queued"), ("small", "processing")):
+        source = a_source(store, store.workspace(slug, slug.upper()).id, f"{slug}-github")
+        a_backlog(store, source, **{kind: 3 if slug == "big" else 1}, received_at=T0)
+
+    with store.sessions() as session:
+        found = workspace_backlogs(session=session, top=1, now=T0 + timedelta(seconds=30))
+
+    assert [(w.slug, w.oldest_queued_age_seconds) for w in found.largest] == [("big", 30.0)]
+    assert (found.rest_workspaces, found.rest_backlog) == (1, 1)
+    assert (found.rest_oldest_queued_at, found.rest_oldest_queued_age_seconds) == (None, None)
+
+
+def test_backlogs_are_scoped_to_the_workspaces_given(store: Store):
+    acme, beta = store.workspace("acme", "ACME"), store.workspace("beta", "BETA")
+    a_backlog(store, a_source(store, acme.id, "acme-github"), queued=1)
+    a_backlog(store, a_source(store, beta.id, "beta-github"), queued=4)
+
+    with store.sessions() as session:
+        only_acme = workspace_backlogs(session=session, top=1, workspace_ids=frozenset({acme.id}))
+        nobody = workspace_backlogs(session=session, top=1, workspace_ids=frozenset())
+
+    assert [(w.slug, w.backlog) for w in only_acme.largest] == [("acme", 1)]
+    # Another workspace is not even in the folded rest.
+    assert (only_acme.rest_workspaces, only_acme.rest_backlog) == (0, 0)
+    assert nobody == reports.Backlogs(largest=[])
+
+
+def test_an_empty_inbox_has_no_backlog(store: Store):
+    store.workspace()
+    with store.sessions() as session:
+        assert workspace_backlogs(session=session, top=10) == reports.Backlogs(largest=[])
+        with pytest.raises(ValueError, match="top must be >= 0"):
+            workspace_backlogs(session=session, top=-1)
 
 
 # --- the chart: deliveries per minute ----------------------------------------------------------

@@ -5,7 +5,11 @@ Shared by the reports' and the CLI's tests."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+
 import pytest
+from sqlalchemy import update
 
 from models.db import session_scope
 from models.inbox import (
@@ -18,6 +22,7 @@ from models.inbox import (
 )
 from models.reports import lineage
 from models.sources import add_source
+from models.tables import Delivery
 from models.tasks import (
     CreateHooks,
     NewTask,
@@ -65,6 +70,47 @@ def a_delivery(
     )
     with session_scope(store.sessions) as session:
         return record_delivery(session=session, incoming=incoming).pk
+
+
+def a_backlog(
+    store: Store,
+    source_id: int,
+    *,
+    queued: int = 0,
+    processing: int = 0,
+    finished: int = 0,
+    received_at: datetime | None = None,
+) -> list[int]:
+    """Deliveries of the source, stored as the ingress stores them, then left
+    ``queued``, marked ``processing`` (as a worker's claim), or ``done``;
+    ``received_at`` sets when every one was received. Their keys, in that order."""
+    keys = []
+    with session_scope(store.sessions) as session:
+        for status, count in (
+            (DeliveryStatus.QUEUED, queued),
+            (DeliveryStatus.PROCESSING, processing),
+            (DeliveryStatus.DONE, finished),
+        ):
+            for _ in range(count):
+                # An id and a body of its own, or the inbox takes it for a
+                # duplicate or a replay of an earlier one.
+                unique = uuid.uuid4().hex
+                incoming = IncomingDelivery(
+                    source_id=source_id,
+                    delivery_id=f"backlog-{unique}",
+                    body=b'{"backlog": "%s"}' % unique.encode(),
+                    event="issues.opened",
+                    action="opened",
+                    headers={},
+                    content_type="application/json",
+                )
+                key = record_delivery(session=session, incoming=incoming).pk
+                values: dict[str, object] = {"status": status.value}
+                if received_at is not None:
+                    values["received_at"] = received_at
+                session.execute(update(Delivery).where(Delivery.id == key).values(**values))
+                keys.append(key)
+    return keys
 
 
 class Crash(Exception):

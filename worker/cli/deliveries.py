@@ -15,7 +15,9 @@ from models.inbox import DeliveryStatus, replay
 from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
 from models.replay_plan import ReplayPlan, plan_replay
 from models.reports import (
+    LISTED_BACKLOGS,
     MAX_PAGE,
+    Backlogs,
     DeliveryDetail,
     DeliverySummary,
     Gaps,
@@ -25,6 +27,7 @@ from models.reports import (
     inbox_stats,
     list_deliveries,
     show_delivery,
+    workspace_backlogs,
 )
 from models.retention import Policy, plan, prune
 from models.tables import utcnow
@@ -531,17 +534,21 @@ def deliveries_prune(runtime: CommandRuntime, dry_run: bool, as_json: bool) -> N
 @json_option
 @pass_runtime
 def stats(runtime: CommandRuntime, as_json: bool) -> None:
-    """Deliveries by status, the age of the oldest queued one, how many were
-    ignored as events their provider does not know, each source's last
-    catch-up, the windows marked as handled by hand, and the windows no
-    ingress was up that no catch-up has covered, each with the command that
-    covers it."""
+    """Deliveries by status, the age of the oldest queued one, the backed-up
+    workspaces (the 10 largest backlogs), how many were ignored as events
+    their provider does not know, each source's last catch-up, the windows
+    marked as handled by hand, and the windows no ingress was up that no
+    catch-up has covered, each with the command that covers it."""
     with runtime.session() as session:
-        found = inbox_stats(session=session)
+        now = utcnow()
+        found = inbox_stats(session=session, now=now)
+        backlogs = workspace_backlogs(session=session, top=LISTED_BACKLOGS, now=now)
         missed = gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
         disk = inbox_disk_use(session=session)
     if as_json:
-        emit_json(asdict(found) | asdict(missed) | {"disk": asdict(disk)})
+        emit_json(
+            asdict(found) | asdict(missed) | {"disk": asdict(disk), "backlogs": asdict(backlogs)}
+        )
         return
     print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
     click.echo()
@@ -557,8 +564,41 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
             f"Oldest queued: received {format_age(found.oldest_queued_age_seconds or 0)} ago "
             f"({format_when(found.oldest_queued_at)} UTC)."
         )
+    _print_backlogs(backlogs)
     _print_disk(disk, Policy.of(runtime.settings))
     _print_gaps(missed)
+
+
+def _print_backlogs(backlogs: Backlogs) -> None:
+    """The backed-up workspaces: each one's deliveries queued or processing,
+    and how long its oldest queued one has waited, largest backlog first."""
+    click.echo()
+    if backlogs.largest:
+        click.echo("Backed-up workspaces (BACKLOG: deliveries queued or processing):")
+    print_table(
+        ("WORKSPACE", "BACKLOG", "OLDEST QUEUED"),
+        (
+            (
+                workspace.slug,
+                workspace.backlog,
+                "none queued"
+                if workspace.oldest_queued_age_seconds is None
+                else format_age(workspace.oldest_queued_age_seconds),
+            )
+            for workspace in backlogs.largest
+        ),
+        empty="No workspace is backed up.",
+    )
+    if backlogs.rest_workspaces:
+        waiting = backlogs.rest_oldest_queued_age_seconds
+        click.echo(
+            f"And {backlogs.rest_workspaces} more workspace"
+            + ("s" if backlogs.rest_workspaces != 1 else "")
+            + f": {backlogs.rest_backlog} deliveries"
+            + ("" if waiting is None else f", the oldest queued waiting {format_age(waiting)}")
+            + "."
+        )
+    click.echo()
 
 
 def _print_disk(disk: InboxDiskUse, policy: Policy) -> None:

@@ -118,7 +118,7 @@
     const list = document.getElementById("live-events");
     if (!list) return;
     const refreshCards = throttled(function () {
-      refreshFrom(window.location.href, ["backlog", "needs-operator", "dead", "status-counts"]);
+      refreshFrom(window.location.href, ["backlog", "needs-operator", "dead", "status-counts", "workspace-backlogs"]);
     }, 2000);
     const streams = document.querySelectorAll("#event-streams [data-events-url]");
     for (const stream of streams) {

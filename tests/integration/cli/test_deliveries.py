@@ -3,14 +3,17 @@ operations history and ``taskhook stats``."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
 import pty
 import re
 import subprocess
+from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from models.broker.messages import (
     BACKGROUND_QUEUE,
@@ -20,7 +23,7 @@ from models.broker.messages import (
 )
 from models.db import session_scope
 from models.inbox import DeliveryStatus, IncomingDelivery, record_delivery
-from models.tables import Delivery
+from models.tables import Delivery, utcnow
 from models.tasks import NewTask, create_task
 from tests.support.cli import (
     BIN,
@@ -35,6 +38,7 @@ from tests.support.feeds import make_feed, store_fixture
 from tests.support.runs import a_create_deleted_before_it_settled, run
 from tests.support.scenarios import (
     EXTERNAL_ID,
+    a_backlog,
     a_delivery,
     a_settled_task,
     a_source,
@@ -617,3 +621,63 @@ def test_stats_for_people_and_for_scripts(store: Store):
     assert "Oldest queued: received" in table
     assert document["counts"]["queued"] == 1
     assert document["oldest_queued_age_seconds"] >= 0
+
+
+def test_stats_list_the_backed_up_workspaces_largest_first(store: Store, monkeypatch):
+    now = utcnow()
+    for slug, queued, processing, minutes in (
+        ("acme", 2, 1, 3),
+        ("beta", 5, 0, 1),
+        ("gamma", 1, 0, 9),
+        ("delta", 0, 1, 0),
+    ):
+        source = a_source(store, store.workspace(slug, slug.upper()).id, f"{slug}-github")
+        a_backlog(store, source, queued=queued, received_at=now - timedelta(minutes=minutes))
+        a_backlog(store, source, processing=processing, finished=2)
+    store.workspace("idle", "IDLE")
+
+    table = taskhook(store, "stats").stdout
+    document = as_json(taskhook(store, "stats", "--json"))
+    # The module, not the command group worker.cli names "deliveries" too.
+    commands = importlib.import_module("worker.cli.deliveries")
+    monkeypatch.setattr(commands, "LISTED_BACKLOGS", 2)
+    folded = taskhook(store, "stats").stdout
+
+    rows = re.findall(r"^(\w+) +(\d+) +(.+)$", table.split("OLDEST QUEUED")[1], re.M)
+    assert rows == [
+        ("beta", "5", "1m"),
+        ("acme", "3", "3m"),
+        ("gamma", "1", "9m"),
+        ("delta", "1", "none queued"),
+    ]
+    assert "idle" not in table and "more workspace" not in table
+    assert [(w["slug"], w["backlog"]) for w in document["backlogs"]["largest"]] == [
+        ("beta", 5),
+        ("acme", 3),
+        ("gamma", 1),
+        ("delta", 1),
+    ]
+    assert document["backlogs"]["largest"][3]["oldest_queued_age_seconds"] is None
+    assert "And 2 more workspaces: 2 deliveries, the oldest queued waiting 9m." in folded
+
+
+def test_stats_say_when_no_workspace_is_backed_up(store: Store):
+    source = a_source(store, store.workspace().id)
+    a_backlog(store, source, finished=3)
+    keys = a_backlog(store, source, queued=1)
+    with session_scope(store.sessions) as session:
+        session.execute(
+            update(Delivery).where(Delivery.id.in_(keys)).values(status=DeliveryStatus.DEAD.value)
+        )
+
+    table = taskhook(store, "stats").stdout
+    document = as_json(taskhook(store, "stats", "--json"))
+
+    assert "No workspace is backed up." in table
+    assert document["backlogs"] == {
+        "largest": [],
+        "rest_workspaces": 0,
+        "rest_backlog": 0,
+        "rest_oldest_queued_at": None,
+        "rest_oldest_queued_age_seconds": None,
+    }

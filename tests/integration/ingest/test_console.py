@@ -17,9 +17,11 @@ from ingest.console.pages import web_link
 from models.db import session_scope
 from models.operations import list_operations
 from models.sources import add_source
-from models.tables import ConsoleSession, IngressHeartbeat, SourceSecret, utcnow
+from models.tables import ConsoleSession, IngressHeartbeat, SourceSecret, WebhookSource, utcnow
+from models.tokens import issue_token
 from tests.support.console import Console, csrf_of, open_console
 from tests.support.runs import deleted_before_it_settled
+from tests.support.scenarios import a_backlog
 from tests.support.stores import Store
 
 XSS_TITLE = "<script>alert(1)</script><img src=x onerror=alert(2)>"
@@ -637,6 +639,88 @@ def test_the_overview_shows_each_uncovered_window_with_its_providers_catch_up(
     assert "globex-github" not in table  # another workspace's source
 
 
+def _backed_up(console: Console) -> None:
+    """acme: 2 queued for 3 minutes and 1 processing; globex: 5 queued for a minute."""
+    with console.store.sessions() as session:
+        source = dict(session.execute(select(WebhookSource.slug, WebhookSource.id)).all())
+    now = utcnow()
+    a_backlog(
+        console.store, source["acme-github"], queued=2, received_at=now - timedelta(minutes=3)
+    )
+    a_backlog(console.store, source["acme-github"], processing=1, finished=4)
+    a_backlog(
+        console.store, source["globex-github"], queued=5, received_at=now - timedelta(minutes=1)
+    )
+
+
+def _backlog_rows(console: Console) -> list[tuple[str, str, str]]:
+    """The overview's backed-up workspaces: (workspace, backlog, oldest queued waiting)."""
+    page = console.client.get("/console/").text
+    section = page[page.index('id="workspace-backlogs"') : page.index("Deliveries by status")]
+    return re.findall(
+        r'<tr data-workspace="([^"]+)">\s*<td>[^<]*</td><td class="backlog num">(\d+)</td>'
+        r'\s*<td class="oldest-age">([^<]*)</td>',
+        section,
+    )
+
+
+def _both_workspaces(console: Console) -> str:
+    """A member token of acme and globex, signed in."""
+    with session_scope(console.store.sessions) as session:
+        console.tokens["both"] = issue_token(
+            session=session,
+            name="both",
+            role="member",
+            workspace_ids=[console.acme, console.globex],
+        ).token
+    return console.sign_in("both")
+
+
+def test_the_overview_lists_the_backed_up_workspaces_a_token_may_see(console: Console) -> None:
+    _backed_up(console)
+
+    console.sign_in("acme-operator")
+    acme_sees = _backlog_rows(console)
+    console.sign_in("globex-operator")
+    globex_sees = _backlog_rows(console)
+    _both_workspaces(console)
+    both_see = _backlog_rows(console)
+
+    assert acme_sees == [("acme", "3", "3m")]
+    assert globex_sees == [("globex", "5", "1m")]
+    assert both_see == [("globex", "5", "1m"), ("acme", "3", "3m")]  # largest first
+
+
+def test_the_overview_says_when_no_workspace_it_may_see_is_backed_up(console: Console) -> None:
+    console.sign_in("acme-operator")
+    empty = console.client.get("/console/").text
+    with console.store.sessions() as session:
+        globex_source = session.scalar(
+            select(WebhookSource.id).where(WebhookSource.slug == "globex-github")
+        )
+    a_backlog(console.store, globex_source, queued=5)
+    others_only = console.client.get("/console/").text
+
+    for page in (empty, others_only):
+        assert "No workspace is backed up." in page
+        assert "globex" not in page[page.index('id="workspace-backlogs"') :]
+
+
+def test_the_overview_sums_the_workspaces_beyond_those_it_lists(
+    console: Console, monkeypatch
+) -> None:
+    _backed_up(console)
+    monkeypatch.setattr(console_pages, "LISTED_BACKLOGS", 1)
+    _both_workspaces(console)
+
+    rows = _backlog_rows(console)
+    page = html.unescape(console.client.get("/console/").text)
+
+    assert rows == [("globex", "5", "1m")]
+    assert "And 1 more workspace: 3 deliveries, the oldest queued waiting 3m." in page
+
+
+# --- what an operator reads: the workspace, replays to confirm, times, URLs, words ----------
 # --- what an operator reads: the workspace, replays to confirm, times, URLs, words ----------
 
 
