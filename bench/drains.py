@@ -32,7 +32,7 @@ from bench.processes import (
     throwaway_database,
     wait_until,
 )
-from models.broker.messages import DELIVERIES_QUEUE
+from models.broker.messages import DELIVERIES_QUEUE, DELIVERY_QUEUES
 from models.settings import Settings
 from worker.celery_app import celery_config
 
@@ -129,8 +129,8 @@ def enqueue(redis_url: str, task: str, arguments: Iterable[list]) -> None:
 
 
 def queue_length(client: redis.Redis) -> int:
-    """Messages waiting on the deliveries queue."""
-    return client.llen(DELIVERIES_QUEUE)
+    """Messages waiting on the deliveries queue, in either lane."""
+    return sum(client.llen(queue) for queue in DELIVERY_QUEUES)
 
 
 class Starter:

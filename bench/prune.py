@@ -49,7 +49,7 @@ from sqlalchemy import select
 
 from bench import drains, report, taskhook
 from bench.processes import BenchError, Process, libpq_url, throwaway_database, wait_until
-from models.broker.messages import OPERATOR_QUEUE, PRUNE
+from models.broker.messages import DELIVERY_QUEUES, OPERATOR_QUEUE, PRUNE
 from models.db import make_engine, make_session_factory, session_scope
 from models.reports import inbox_disk_use
 from models.retention import Policy, _bodies_to_drop, _rows_to_delete
@@ -187,14 +187,14 @@ class _Rig:
             what="the relay to publish every key",
         )
         self.published = target
-        messages = self.client.llen("deliveries")
+        messages = self._waiting()
         workers = drains.Starter(
             self.bench.processes, f"drain-{round_}-{side}", "worker", self.env, 1
         )
 
         def done() -> bool:
             # Not the broker's unacked messages: the prune's own is one of them.
-            idle = self.client.llen("deliveries") == 0
+            idle = self._waiting() == 0
             return idle and self.watcher.execute(_UNFINISHED).fetchone()[0] == 0
 
         with self.pruning(side) as pruned:
@@ -265,6 +265,10 @@ class _Rig:
                         "ran_out_of_work": ran_out,
                     }
                 )
+
+    def _waiting(self) -> int:
+        """Messages waiting in either lane of the deliveries queue."""
+        return sum(self.client.llen(queue) for queue in DELIVERY_QUEUES)
 
     def _counts(self) -> dict[str, int]:
         """The bulk-loaded rows left, and those of their bodies dropped."""
