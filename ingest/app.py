@@ -284,6 +284,7 @@ def _add_operational_routes(app: FastAPI) -> None:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         runtime.metrics.show_relay(pending=runtime.relay.pending())
+        runtime.metrics.flooding_sources.set(len(runtime.flood_gate.flooding()))
         try:
             found = await runtime.in_store_thread(_gaps, runtime)
             inbox = await runtime.in_store_thread(_inbox, runtime)

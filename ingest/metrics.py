@@ -114,6 +114,20 @@ class IngressMetrics:
             "Delivery keys handed to the broker by the relay.",
             registry=self.registry,
         )
+        self.lane_deliveries = Counter(
+            "taskhook_lane_deliveries",
+            "Webhook deliveries this process sent down each lane (live, background): "
+            "a source past its share of the live lane floods into the background lane "
+            "(models.broker.lanes). Two series.",
+            ["lane"],
+            registry=self.registry,
+        )
+        self.flooding_sources = Gauge(
+            "taskhook_flooding_sources",
+            "Sources whose deliveries this process sends down the background lane now, "
+            "because they sent past their share of the live lane.",
+            registry=self.registry,
+        )
         self.relay_dropped = Counter(
             "taskhook_relay_dropped",
             "Delivery keys the relay could not hand to the broker (left to the sweeper).",
@@ -335,6 +349,10 @@ class IngressMetrics:
 
     def show_relay(self, *, pending: int) -> None:
         self.relay_pending.set(pending)
+
+    def count_lane(self, lane: str) -> None:
+        """One more webhook delivery sent down ``lane`` (``taskhook_lane_deliveries``)."""
+        self._child("lane_deliveries", lane).inc()
 
     def count_delivery(self, provider: str, source: str, result: str) -> None:
         """One more webhook delivery answered (``taskhook_deliveries``)."""

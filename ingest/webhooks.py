@@ -229,7 +229,9 @@ async def _verify_and_store(
     # might not exist, and a lost message is the sweeper's to recover. A
     # paused source's delivery stays queued until it resumes.
     if not source.paused:
-        runtime.relay.submit(recorded.pk, runtime.flood_gate.lane(source.id, source.lane))
+        lane = runtime.flood_gate.lane(source.id, source.lane)
+        runtime.metrics.count_lane(lane.name.lower())
+        runtime.relay.submit(recorded.pk, lane)
     return 202, b'{"delivery":%d,"status":"queued"}' % recorded.pk, "queued"
 
 

@@ -149,5 +149,11 @@ class FloodGate:
         return Lane.BACKGROUND
 
     def flooding(self) -> list[int]:
-        """The sources flooding now, as this process last saw them."""
-        return sorted(source for source, share in self._shares.items() if share.flooding)
+        """The sources flooding now: a source calm long enough to have earned
+        its burst back is not, though it sent nothing since."""
+        now = self._clock()
+        return sorted(
+            source
+            for source, share in self._shares.items()
+            if share.flooding and share.tokens + (now - share.at) * self._rate < self._burst
+        )

@@ -48,10 +48,11 @@ def test_a_flood_that_goes_on_stays_background_and_comes_back_once_calm() -> Non
     # Under its rate, not yet long enough to earn its burst back: still a flood.
     clock.now += 0.3
     assert gate.lane(1) is Lane.BACKGROUND
-    # Calm for its whole burst's worth of time: live again.
+    assert gate.flooding() == [1]
+    # Calm for its whole burst's worth of time: no longer a flood, and live again.
     clock.now += 0.6
-    assert gate.lane(1) is Lane.LIVE
     assert gate.flooding() == []
+    assert gate.lane(1) is Lane.LIVE
 
 
 def test_an_operator_sends_a_source_to_the_background_lane() -> None:

@@ -57,6 +57,11 @@ def test_a_flood_past_its_burst_goes_background_and_the_other_sources_stay_live(
     other = ingress.github("issues__opened")
     assert lanes_of(ingress, [other]) == [Lane.LIVE]
 
+    metrics = ingress.client.get("/metrics").text
+    assert 'taskhook_lane_deliveries_total{lane="live"} 4.0' in metrics
+    assert 'taskhook_lane_deliveries_total{lane="background"} 4.0' in metrics
+    assert "taskhook_flooding_sources 1.0" in metrics
+
 
 def test_a_source_an_operator_sent_to_the_background_lane_goes_there(
     ingress: Ingress, store: Store
