@@ -17,6 +17,7 @@ from bench.fakes.github_api import FakeGitHub
 from bench.fakes.gitlab_api import FakeGitLab
 from bench.fakes.jira_api import FakeJira
 from models.broker.messages import (
+    BACKGROUND_QUEUE,
     CATCH_UP,
     DELIVERIES_QUEUE,
     OPERATOR_QUEUE,
@@ -163,7 +164,7 @@ def test_the_sweep_task_sends_what_it_finds(eager: Celery, store: Store):
     assert eager.tasks[SWEEP].apply().get() == {"sent": 1}
 
     with eager.connection_for_read() as connection:
-        message = connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5)
+        message = connection.SimpleQueue(BACKGROUND_QUEUE).get(timeout=5)
         message.ack()
     assert message.headers["task"] == PROCESS_DELIVERY
     assert message.payload[0] == [pk]
@@ -226,7 +227,7 @@ def test_the_catch_up_task_catches_up_each_source_and_a_failing_one_holds_up_no_
     )
     # Sent, for a worker to make the tasks: the two, stored together, in one message.
     with eager.connection_for_read() as connection:
-        message = connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5)
+        message = connection.SimpleQueue(BACKGROUND_QUEUE).get(timeout=5)
         message.ack()
     assert message.headers["task"] == PROCESS_DELIVERIES
     assert len(message.payload[0][0]) == 2
@@ -261,7 +262,7 @@ def test_the_catch_up_task_catches_up_a_gitlab_source_with_gitlabs_own_catch_up(
 
     assert done["c-gitlab"] == {"missed": 1, "recovered": 1}
     with eager.connection_for_read() as connection:
-        connection.SimpleQueue(DELIVERIES_QUEUE).get(timeout=5).ack()
+        connection.SimpleQueue(BACKGROUND_QUEUE).get(timeout=5).ack()
 
 
 def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, store: Store):
