@@ -300,7 +300,11 @@ def overview(request: Request, user: User) -> HTMLResponse:
             now=now,
             workspace_ids=scope.ids,
         )
-        sources = {s.slug for s in _sources(request, session, scope)}
+        summaries = _sources(request, session, scope)
+        sources = {s.slug for s in summaries}
+        # A paused source's backlog grows until someone resumes it: said
+        # beside the backlogs, so that nobody forgets one.
+        paused = [s for s in summaries if s.paused_at is not None]
         found = gaps(
             session=session, heartbeat_seconds=_runtime(request).settings.ingress_heartbeat_seconds
         )
@@ -314,6 +318,7 @@ def overview(request: Request, user: User) -> HTMLResponse:
         return {
             "stats": stats,
             "backlogs": backlogs,
+            "paused_sources": paused,
             "chart": {
                 "minutes": [int(minute.timestamp()) for minute in rate.minutes],
                 "counts": rate.counts,

@@ -16,7 +16,7 @@ from ingest.console import pages as console_pages
 from ingest.console.pages import web_link
 from models.db import session_scope
 from models.operations import list_operations
-from models.sources import add_source
+from models.sources import add_source, pause_source
 from models.tables import ConsoleSession, IngressHeartbeat, SourceSecret, WebhookSource, utcnow
 from models.tokens import issue_token
 from tests.support.console import Console, csrf_of, open_console
@@ -720,7 +720,20 @@ def test_the_overview_sums_the_workspaces_beyond_those_it_lists(
     assert "And 1 more workspace: 3 deliveries, the oldest queued waiting 3m." in page
 
 
-# --- what an operator reads: the workspace, replays to confirm, times, URLs, words ----------
+def test_the_overview_names_the_paused_sources_a_token_may_see(console: Console) -> None:
+    console.sign_in("acme-operator")
+    assert "paused-source" not in console.client.get("/console/").text
+    with session_scope(console.store.sessions) as session:
+        for slug in ("acme-github", "globex-github"):
+            pause_source(session=session, slug=slug)
+
+    page = html.unescape(console.client.get("/console/").text)
+
+    paused = re.findall(r'<span class="paused-source">([^<]*)</span>', page)
+    assert len(paused) == 1 and paused[0].startswith("acme-github (acme, since ")
+    assert "taskhook source resume NAME" in page
+
+
 # --- what an operator reads: the workspace, replays to confirm, times, URLs, words ----------
 
 
