@@ -604,8 +604,9 @@ def _brief(run: dict[str, Any]) -> str:
         if "latency" in entry:
             latency = entry["latency"]
             text = (
-                f"{name} p50 {latency['p50_ms']:.0f} / p99 {latency['p99_ms']:.0f} / max "
-                f"{latency['max_ms']:.0f} ms ({entry['settled']}/{entry['rows']})"
+                f"{name} p50 {latency['p50_ms']:.0f} / p95 {latency['p95_ms']:.0f} / p99 "
+                f"{latency['p99_ms']:.0f} / max {latency['max_ms']:.0f} ms "
+                f"({entry['settled']}/{entry['rows']})"
             )
         else:
             text = f"{name} {entry['rate_per_s']}/s"
