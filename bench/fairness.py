@@ -62,7 +62,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -72,13 +72,18 @@ from sqlalchemy import text
 from bench import catch_up, report, taskhook
 from bench.fakes.github_api import FakeGitHub
 from bench.loadgen import percentiles
-from bench.processes import BenchError, Process, libpq_url, rabbitmqctl, throwaway_database
-from bench.processes import wait_until as wait_for
+from bench.processes import (
+    BenchError,
+    Process,
+    libpq_url,
+    rabbitmqctl,
+    throwaway_database,
+    wait_until,
+)
 from models.db import make_engine, make_session_factory, session_scope
 from models.sources import add_source
 from models.workspaces import create_workspace
 
-BROKERS = ("redis", "rabbitmq")
 #: Every load posts this one fixture, so every source is alike: a GitHub source.
 KINDS = ["github:issues__opened"]
 STORM_SOURCE = taskhook.SOURCES["github"]  # A1; catch-up recovers into it
@@ -116,7 +121,6 @@ class Rig:
     url: str
     watcher: psycopg.Connection
     quiet_sources: list[str]
-    github: FakeGitHub | None
     flush_broker: Callable[[], None]
     worker: Process | None = None
     runs: int = 0
@@ -149,24 +153,22 @@ class Background:
     source: str
     count: int
     command: Callable[[Rig], list[str]]
-    prepare: Callable[[Any, Rig], None] | None = None
-    answered: Callable[[dict], int] = field(default=lambda answer: 0)
+    #: How many deliveries the command handled, from its ``--json`` answer.
+    answered: Callable[[dict], int]
+    prepare: Callable[[Any, Rig], None]
 
 
 def fairness(bench: Any) -> dict[str, Any]:
     sizes = bench.sizes
-    unknown = set(sizes.fairness_cases) - {1, 2, 3, 4}
-    if unknown or not sizes.fairness_cases:
-        raise BenchError(f"fairness_cases: choose among 1, 2, 3, 4 (not {sorted(unknown)})")
     results: dict[str, dict[str, Any]] = {}
     with throwaway_database() as database, _fake_github(4 in sizes.fairness_cases) as github:
-        quiet = _prepare(database, sizes.fairness_quiet_workspaces, github)
+        quiet = _prepare(database, sizes.fairness_quiet_workspaces)
         if github is not None:
             catch_up._grant_log_access(database, github.base_url)
             catch_up._log_failed_deliveries(github, sizes.fairness_background)
         for broker in bench.brokers:
             bench.say(f"  {broker}:")
-            with _rig(bench, broker, database, quiet, github) as rig:
+            with _rig(bench, broker, database, quiet) as rig:
                 results[broker] = _cases(bench, rig)
     return _report(bench, results)
 
@@ -180,7 +182,7 @@ def _fake_github(wanted: bool) -> Iterator[FakeGitHub | None]:
         yield github
 
 
-def _prepare(database: str, quiet_count: int, github: FakeGitHub | None) -> list[str]:
+def _prepare(database: str, quiet_count: int) -> list[str]:
     """Workspace A (the ``bench`` one, with A1, and A2 added), workspace B,
     and the quiet workspaces; the quiet sources' slugs."""
     taskhook.prepare(database)
@@ -217,9 +219,7 @@ def _github_source(session: Any, workspace_id: int, slug: str) -> None:
 
 
 @contextlib.contextmanager
-def _rig(
-    bench: Any, broker: str, database: str, quiet: list[str], github: FakeGitHub | None
-) -> Iterator[Rig]:
+def _rig(bench: Any, broker: str, database: str, quiet: list[str]) -> Iterator[Rig]:
     """The broker, the ingress and one worker process, as the Procfile runs them."""
     procs = bench.processes
     if broker == "redis":
@@ -242,7 +242,7 @@ def _rig(
     env = taskhook.environment(database, url)
     ingress, ingress_url = procs.uvicorn(f"ingress-{broker}", "ingest.app:app", env)
     with psycopg.connect(libpq_url(database), autocommit=True) as watcher:
-        rig = Rig(broker, database, env, ingress_url, watcher, quiet, github, flush)
+        rig = Rig(broker, database, env, ingress_url, watcher, quiet, flush)
         rig.worker = procs.celery_worker(f"worker-{broker}", "worker", env)
         try:
             # The first deliveries pay for connections and caches: not measured.
@@ -319,7 +319,7 @@ def _run(bench: Any, rig: Rig, loads: list[Load], background: Background | None 
     what each did, read from the rows once every delivery finished."""
     sizes = bench.sizes
     taskhook.reset(rig.database)
-    if background is not None and background.prepare is not None:
+    if background is not None:
         background.prepare(bench, rig)
     rig.runs += 1
     stop = bench.processes.logs / f"stop-{rig.broker}-{rig.runs}"
@@ -405,7 +405,7 @@ def _drained(rig: Rig, sources: list[str], at_least: int) -> None:
         ).fetchone()
         return rows >= at_least and done == rows
 
-    wait_for(
+    wait_until(
         finished,
         timeout=DRAIN_TIMEOUT,
         what=f"every delivery of {sources[:3]} finished",
@@ -447,7 +447,7 @@ def _measured(
             entry["worst_source"] = {"p99_ms": max(worst)[0], "source": max(worst)[1]}
         run[load.name] = entry
     if background is not None:
-        rows = [row for row in by_source.get(background.source, [])]
+        rows = by_source.get(background.source, [])
         done = posted[background.name]
         run[background.name] = {
             **done,
@@ -665,7 +665,7 @@ def _dead_deliveries(bench: Any, rig: Rig) -> None:
     if posted["completed"] != n:
         raise BenchError(f"the ingress answered {posted['completed']} of {n}")
     # The relay publishes soon after the answer: wait for it, then purge.
-    wait_for(
+    wait_until(
         lambda: taskhook.relay_published(rig.url) - published >= n,
         timeout=120,
         what=f"the relay to publish {n} deliveries",

@@ -256,6 +256,8 @@ DEFAULT = Sizes(
     fairness_quiet_rate=1,
     fairness_background=10_000,
 )
+#: bench fairness's cases (bench/fairness.py).
+FAIRNESS_CASES = {1, 2, 3, 4}
 FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
 
@@ -277,6 +279,8 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         except ValueError:
             example = "a number list such as 1,2" if isinstance(current, tuple) else "a number"
             raise ValueError(f"--set {assignment!r}: {field} takes {example}") from None
+        if field == "fairness_cases" and not set(changes[field]) <= FAIRNESS_CASES:
+            raise ValueError(f"--set {assignment!r}: the cases are 1, 2, 3 and 4")
     return changes
 
 
