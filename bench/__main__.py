@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         help="override one size, e.g. --set memory_deliveries=200000 (see bench.suites.Sizes)",
     )
     parser.add_argument(
+        "--broker",
+        choices=["redis", "rabbitmq", "both"],
+        default="both",
+        help="the broker(s) bench fairness runs on (both, one after the other, by default)",
+    )
+    parser.add_argument(
         "--results", type=Path, default=RESULTS, help="where <name>.json and <name>.png go"
     )
     options = parser.parse_args(argv)
@@ -67,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         started = time.monotonic()
         print(f"==> {name} ({size})", flush=True)
-        with Bench(name, size, options.results, log=say, logs=LOGS) as bench:
+        brokers = ("redis", "rabbitmq") if options.broker == "both" else (options.broker,)
+        with Bench(name, size, options.results, log=say, logs=LOGS, brokers=brokers) as bench:
             bench.override(options.set)
             result = BENCHMARKS[name](bench)
         summary[name] = result["goals"]

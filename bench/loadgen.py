@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -53,13 +54,19 @@ class Run:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
         self.base = spec["url"].rstrip("/")
-        self.factory = DeliveryFactory(
-            secret=spec["secret"],
-            sources=spec["sources"],
-            tag=spec["tag"],
-            first_number=spec.get("first_number", 1),
-            sent_at=spec.get("sent_at"),
-        )
+        kinds = {"kinds": tuple(spec["kinds"])} if spec.get("kinds") else {}
+        self.factories = [
+            DeliveryFactory(
+                secret=spec["secret"],
+                sources=sources,
+                tag=spec["tag"],
+                first_number=spec.get("first_number", 1),
+                sent_at=spec.get("sent_at"),
+                **kinds,
+            )
+            for sources in spec.get("source_sets") or [spec["sources"]]
+        ]
+        self.stop_file = spec.get("stop_when_exists")
         order = spec.get("order")
         self.order: list[int] = order if order is not None else []
         self.limit = len(self.order) if order is not None else spec.get("requests") or 10**12
@@ -78,7 +85,7 @@ class Run:
         return index
 
     async def send(self, session: aiohttp.ClientSession, index: int, started: float) -> None:
-        delivery = self.factory.delivery(index)
+        delivery = self.factories[index % len(self.factories)].delivery(index)
         try:
             async with session.post(
                 self.base + delivery.path, data=delivery.body, headers=delivery.headers
@@ -118,7 +125,7 @@ class Run:
         sent = 0
         while True:
             due = start + sent / rate
-            if due >= deadline:
+            if due >= deadline or (self.stop_file and os.path.exists(self.stop_file)):
                 break
             delay = due - time.perf_counter()
             if delay > 0:

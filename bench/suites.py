@@ -31,6 +31,7 @@ from bench.drains import (
     summary_of_rounds,
 )
 from bench.embedded import sqlite
+from bench.fairness import fairness
 from bench.latency import latency
 from bench.messages import messages
 from bench.processes import (
@@ -117,6 +118,18 @@ class Sizes:
     streams_latency_deliveries: int
     streams_latency_rate: int
     streams_listener: int
+    #: bench fairness: the cases (1-4, bench/fairness.py), rounds, the storm's
+    #: deliveries, the steady loads' rate (per s), a baseline's seconds, the
+    #: quiet workspaces and each one's rate (per s), and the deliveries a
+    #: catch-up recovers or a bulk replay sends.
+    fairness_cases: tuple[int, ...]
+    fairness_rounds: int
+    fairness_storm: int
+    fairness_steady_rate: int
+    fairness_baseline_seconds: float
+    fairness_quiet_workspaces: int
+    fairness_quiet_rate: int
+    fairness_background: int
 
 
 SMOKE = Sizes(
@@ -172,6 +185,14 @@ SMOKE = Sizes(
     streams_latency_deliveries=20,
     streams_latency_rate=20,
     streams_listener=1,
+    fairness_cases=(1, 2, 3, 4),
+    fairness_rounds=1,
+    fairness_storm=300,
+    fairness_steady_rate=10,
+    fairness_baseline_seconds=2.0,
+    fairness_quiet_workspaces=5,
+    fairness_quiet_rate=2,
+    fairness_background=200,
 )
 DEFAULT = Sizes(
     ingress_seconds=8,
@@ -226,7 +247,17 @@ DEFAULT = Sizes(
     streams_latency_deliveries=300,
     streams_latency_rate=10,
     streams_listener=1,
+    fairness_cases=(1, 2, 3, 4),
+    fairness_rounds=2,
+    fairness_storm=20_000,
+    fairness_steady_rate=5,
+    fairness_baseline_seconds=30,
+    fairness_quiet_workspaces=100,
+    fairness_quiet_rate=1,
+    fairness_background=10_000,
 )
+#: bench fairness's cases (bench/fairness.py).
+FAIRNESS_CASES = {1, 2, 3, 4}
 FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
 
@@ -248,6 +279,8 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         except ValueError:
             example = "a number list such as 1,2" if isinstance(current, tuple) else "a number"
             raise ValueError(f"--set {assignment!r}: {field} takes {example}") from None
+        if field == "fairness_cases" and not set(changes[field]) <= FAIRNESS_CASES:
+            raise ValueError(f"--set {assignment!r}: the cases are 1, 2, 3 and 4")
     return changes
 
 
@@ -261,8 +294,11 @@ class Bench:
         results: Path,
         log: Callable[[str], None] = print,
         logs: Path | None = None,
+        brokers: tuple[str, ...] = ("redis", "rabbitmq"),
     ):
         self.name, self.size, self.sizes = name, size, SIZES[size]
+        #: The brokers a benchmark that runs on either runs on (bench fairness).
+        self.brokers = brokers
         self.results = results
         self.logs = (logs or results / "logs") / name
         shutil.rmtree(self.logs, ignore_errors=True)
@@ -879,4 +915,5 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "latency": latency,
     "streams": streams,
     "aliases": aliases,
+    "fairness": fairness,
 }

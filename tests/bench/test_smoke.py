@@ -19,8 +19,9 @@ from bench.suites import BENCHMARKS, Bench
 pytestmark = [pytest.mark.bench, pytest.mark.e2e]
 
 
-def run(name: str, results: Path) -> dict:
-    with Bench(name, "smoke", results, log=lambda line: None) as bench:
+def run(name: str, results: Path, *, overrides: tuple[str, ...] = (), **options) -> dict:
+    with Bench(name, "smoke", results, log=lambda line: None, **options) as bench:
+        bench.override(list(overrides))
         result = BENCHMARKS[name](bench)
         pids = [process.pid for process in bench.processes.started]
     # Everything it started was stopped, by pid.
@@ -226,3 +227,50 @@ def test_retries(tmp_path: Path) -> None:
     # The mechanism, not the speed: each waiting delivery's message waited in
     # RabbitMQ's delayed-delivery queues, none in the worker.
     assert result["goals"]["every waiting message waits in RabbitMQ"], result["runs"]
+
+
+def _check_fairness(result: dict, broker: str, cases: set[int]) -> None:
+    sizes = result["sizes"]
+    measured = result["results"][broker]
+    (one,) = measured["rounds"]
+    for run_name, loads in one.items():
+        for load, entry in loads.items():
+            if "latency" in entry:
+                # Every delivery answered, stored and settled as a task, and timed.
+                assert entry["errors"] == 0, (run_name, load, entry["error_kinds"])
+                assert 0 < entry["posted"] <= entry["rows"] == entry["settled"], (run_name, load)
+                assert 0 < entry["latency"]["p50_ms"] <= entry["latency"]["p99_ms"], (
+                    run_name,
+                    load,
+                )
+            if "drain" in entry:
+                assert entry["drain"]["rate_per_s"] > 0, (run_name, load)
+            if load.startswith("storm"):
+                assert entry["rows"] == sizes["fairness_storm"], run_name
+    if 1 in cases:
+        # The steady load went on for as long as the storm took to drain.
+        storm = one["storm + B"]
+        assert storm["steady B"]["rows"] >= 1
+        assert one["B alone"]["steady B"]["rows"] >= sizes["fairness_steady_rate"]
+    if 2 in cases:
+        worst = one["storm + quiet"]["quiet"]["worst_source"]
+        assert worst["p99_ms"] > 0 and worst["source"].startswith("fairness-quiet-")
+    if 4 in cases:
+        for run_name, work in (("catch-up alone", "catch-up"), ("replay + B", "replay")):
+            assert one[run_name][work]["handled"] == sizes["fairness_background"], run_name
+            assert one[run_name][work]["rate_per_s"] > 0, run_name
+    ratios = measured["ratios"]
+    expected = {1: 2, 2: 1, 3: 1, 4: 3}
+    assert len(ratios) == sum(expected[case] for case in cases)
+    assert all(ratio["median"] > 0 for ratio in ratios.values()), ratios
+    assert result["goals"][f"{broker} every POST answered"]
+
+
+def test_fairness(tmp_path: Path) -> None:
+    result = run("fairness", tmp_path, brokers=("redis",))
+    _check_fairness(result, "redis", {1, 2, 3, 4})
+
+
+def test_fairness_on_rabbitmq(tmp_path: Path) -> None:
+    result = run("fairness", tmp_path, overrides=("fairness_cases=1",), brokers=("rabbitmq",))
+    _check_fairness(result, "rabbitmq", {1})
