@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -32,6 +33,7 @@ import redis
 from sqlalchemy.engine import make_url
 
 from migrations import upgrade_to_head
+from models.broker.messages import DELIVERY_QUEUES
 from models.db import make_engine
 from tests.support.processes import free_port
 from tests.support.stores import POSTGRES_ADMIN_URL
@@ -129,11 +131,12 @@ class PrivateRedis:
         with contextlib.closing(self.client()) as client:
             return int(client.llen(queue))
 
-    def keys_queued(self, queue: str = "deliveries") -> int:
-        """How many inbox keys the queue's messages hold: a message of the
-        relay's may hold several (PROCESS_DELIVERIES)."""
+    def keys_queued(self, queues: Sequence[str] = DELIVERY_QUEUES) -> int:
+        """How many inbox keys the queues' messages hold (both lanes of the
+        deliveries queue, unless told): a message of the relay's may hold
+        several (PROCESS_DELIVERIES)."""
         with contextlib.closing(self.client()) as client:
-            messages = client.lrange(queue, 0, -1)
+            messages = [raw for queue in queues for raw in client.lrange(queue, 0, -1)]
         keys = 0
         for raw in messages:
             message = json.loads(raw)
