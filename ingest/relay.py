@@ -211,6 +211,8 @@ class Relay:
         self._on_published = on_published
         self._lock = threading.Lock()
         self._keys: list[tuple[int, Lane]] = []
+        #: How many of ``_keys`` are live (see ``_linger_while_keys_arrive``).
+        self._live_pending = 0
         #: Set while keys wait: the thread wakes once per batch, not once per key.
         self._waiting = threading.Event()
         self._stopping = threading.Event()
@@ -234,6 +236,7 @@ class Relay:
             else:
                 full = False
                 self._keys.append((key, lane))
+                self._live_pending += lane is Lane.LIVE
                 first = len(self._keys) == 1
         if full:
             self._on_dropped(1)
@@ -255,6 +258,7 @@ class Relay:
         with self._lock:
             batch = self._keys[: self._batch_size]
             del self._keys[: self._batch_size]
+            self._live_pending -= sum(1 for _, lane in batch if lane is Lane.LIVE)
             if not self._keys:
                 self._waiting.clear()
         return batch
@@ -270,20 +274,29 @@ class Relay:
         second a fixed 20 ms linger was the largest part of a delivery's
         latency after its answer (docs/performance.md, "Latency"). While the
         last publish found the workers behind, it lingers its whole time.
+
+        A live key does not wait for a flood: a flood's keys arrive without a
+        lull, so once the batch holds live keys, a quiet spell without a new
+        live key ends the wait, however many background keys come meanwhile.
         """
         deadline = time.monotonic() + self._linger
         # Behind, the workers would not start on these keys any sooner: fill
         # the batch, as many keys a message as the linger gathers.
         quiet = self._linger if self._workers_behind else self._quiet
-        seen = self.pending()
+        seen, live_seen = self._counts()
         while seen < self._batch_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stopping.wait(min(quiet, remaining)):
                 return
-            arrived = self.pending()
-            if arrived == seen:
+            arrived, live_arrived = self._counts()
+            if arrived == seen or (live_seen and live_arrived == live_seen):
                 return
-            seen = arrived
+            seen, live_seen = arrived, live_arrived
+
+    def _counts(self) -> tuple[int, int]:
+        """The keys waiting, and how many of them are live."""
+        with self._lock:
+            return len(self._keys), self._live_pending
 
     def _run(self) -> None:
         while not (self._stopping.is_set() and not self.pending()):

@@ -224,6 +224,29 @@ def test_keys_that_keep_arriving_keep_the_batch_open() -> None:
         relay.stop()
 
 
+def test_a_live_key_does_not_linger_for_a_flood_that_keeps_arriving() -> None:
+    # Background keys every 10 ms against a 100 ms quiet would hold the batch
+    # open for the whole linger (5 s); one live key among them ends it once
+    # no other live key came for a quiet spell.
+    publish = _Recorder()
+    relay = Relay(publish, batch_size=1000, linger=5.0, quiet=0.1)
+    relay.start()
+    try:
+        relay.submit(0, Lane.BACKGROUND)
+        started = time.monotonic()
+        relay.submit(1, Lane.LIVE)
+        for key in range(2, 300):  # three seconds of a flood, unless published first
+            if publish.published.is_set():
+                break
+            relay.submit(key, Lane.BACKGROUND)
+            time.sleep(0.01)
+        assert publish.published.wait(5.0)
+        assert time.monotonic() - started < 0.6
+        assert (publish.lanes[0], publish.batches[0]) == (Lane.LIVE, [1])
+    finally:
+        relay.stop()
+
+
 def test_while_the_workers_are_behind_the_relay_lingers_its_whole_time() -> None:
     # The publisher says messages wait: the next lone key waits out the linger.
     published_at: list[float] = []
