@@ -34,7 +34,7 @@ from kombu.exceptions import ChannelError
 from kombu.utils.uuid import uuid
 
 from models.broker.connection import broker_queues, broker_transport, broker_transport_options
-from models.broker.lanes import Lane
+from models.broker.lanes import Lane, keys_per_message
 from models.broker.messages import (
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
@@ -52,7 +52,8 @@ Publish = Callable[[Sequence[int], Lane], bool | None]
 
 def celery_publisher(settings: Settings) -> Publish:
     """Publish the worker's messages by name through a producer-only Celery app,
-    up to ``relay_keys_per_message`` keys in each."""
+    up to ``relay_keys_per_message`` keys in each (on the background lane,
+    ``background_keys_per_message``)."""
     app = Celery("taskhook-ingress", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         broker_transport=broker_transport(settings),
@@ -67,10 +68,10 @@ def celery_publisher(settings: Settings) -> Publish:
     # One short retry, then give up: the sweeper is the slow path, not us.
     retry_policy = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
     messages = DeliveryMessages(app)
-    per_message = settings.relay_keys_per_message
     threads = settings.worker_concurrency
 
     def publish(keys: Sequence[int], lane: Lane = Lane.LIVE) -> bool:
+        per_message = keys_per_message(settings, lane)
         with app.producer_or_acquire() as producer:
             if not producer.supports_batch_publish:
                 groups = message_groups(keys, per_message)

@@ -151,6 +151,15 @@ class Settings(BaseSettings):
         "together (a burst) share messages, so the queue's own cost per message is paid once "
         "for several deliveries; a lone delivery still goes alone, at once.",
     )
+    background_keys_per_message: int = Field(
+        default=4,
+        gt=0,
+        le=100,
+        description="Most inbox keys in one message on the background lane (a flood, a "
+        "catch-up, a bulk replay). Fewer than a live message holds: a worker runs a "
+        "message's keys one after the other, and a live delivery that arrives meanwhile "
+        "waits for a thread to finish one (docs/performance.md, section 18).",
+    )
     live_lane_rate: float = Field(
         default=50.0,
         gt=0,

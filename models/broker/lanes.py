@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from models.broker.messages import BACKGROUND_QUEUE, DELIVERIES_QUEUE
+from models.settings import Settings
 
 
 class Lane(enum.StrEnum):
@@ -87,6 +88,15 @@ def lane_of(sender: Sender) -> Lane:
     if sender is Sender.WEBHOOK:
         raise ValueError("a webhook delivery's lane is its source's: FloodGate.lane")
     return _LANE_OF_SENDER[sender]
+
+
+def keys_per_message(settings: Settings, lane: Lane) -> int:
+    """The most keys one message on ``lane`` holds. Fewer on the background
+    lane: a worker thread runs a message's keys one after the other, so a
+    live delivery arriving meanwhile waits for the thread's message to end."""
+    if lane is Lane.BACKGROUND:
+        return settings.background_keys_per_message
+    return settings.relay_keys_per_message
 
 
 def lane_of_queue(queue: str | None) -> Lane:

@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
-from models.broker.lanes import Sender, lane_of
+from models.broker.lanes import Sender, keys_per_message, lane_of
 from models.broker.messages import CATCH_UP, message_groups, task_for
 from models.catchup import sources_to_catch_up
 from models.db import session_scope
@@ -28,8 +28,8 @@ def catch_up(self) -> dict[str, Any]:
     its run and logged; the others go on, and the next beat tries it again:
     never a crash loop."""
 
-    per_message = runtime.settings().relay_keys_per_message
     lane = lane_of(Sender.CATCH_UP)
+    per_message = keys_per_message(runtime.settings(), lane)
 
     def send(pks: list[int]) -> None:
         for keys in message_groups(pks, per_message):

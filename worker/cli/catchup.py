@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from models.broker.lanes import Sender, lane_of
+from models.broker.lanes import Sender, keys_per_message, lane_of
 from models.broker.messages import message_groups, task_for
 from models.catchup import checked_repo, mark_handled
 from models.tables import utcnow
@@ -229,8 +229,8 @@ def _run_and_report(
     from worker.catchup.api import CatchUpError
 
     unsent: list[int] = []
-    per_message = runtime.settings.relay_keys_per_message
     lane = lane_of(Sender.CATCH_UP)
+    per_message = keys_per_message(runtime.settings, lane)
 
     def send(pks: list[int]) -> None:
         # A row the broker does not take is still queued: the sweeper sends it.

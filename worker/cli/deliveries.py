@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import click
 
-from models.broker.lanes import Sender, lane_of
+from models.broker.lanes import Sender, keys_per_message, lane_of
 from models.broker.messages import PROCESS_DELIVERY, message_groups, task_for
 from models.inbox import DeliveryStatus, replay
 from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
@@ -397,8 +397,8 @@ def deliveries_replay_matching(
         return
 
     unsent: list[int] = []
-    per_message = runtime.settings.relay_keys_per_message
     lane = lane_of(Sender.BULK_REPLAY)
+    per_message = keys_per_message(runtime.settings, lane)
 
     def send(keys: list[int]) -> None:
         # Called after each batch's commit. A key the broker does not take is

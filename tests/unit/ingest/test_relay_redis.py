@@ -101,7 +101,7 @@ def test_a_small_batch_spreads_while_the_list_is_empty_and_fills_once_messages_w
     assert body_of(queued(redis)[-1])[0] == [[4, 5, 6]]  # one full message
 
 
-def test_the_background_lane_gets_full_messages_on_its_own_list(fake_redis, redis):
+def test_the_background_lane_gets_full_short_messages_on_its_own_list(fake_redis, redis):
     publish = publisher(fake_redis, threads=4)
 
     # A flood's few keys are not spread over the threads: the workers owe
@@ -109,6 +109,14 @@ def test_the_background_lane_gets_full_messages_on_its_own_list(fake_redis, redi
     assert publish([1, 2, 3], Lane.BACKGROUND) is False
     assert [body_of(m)[0] for m in queued(redis, Lane.BACKGROUND)] == [[[1, 2, 3]]]
     assert queued(redis) == []
+    # And shorter than a live message: a live delivery waits for a thread to
+    # finish one (TASKHOOK_BACKGROUND_KEYS_PER_MESSAGE, 4 by default).
+    publish(list(range(10, 20)), Lane.BACKGROUND)
+    assert [body_of(m)[0] for m in queued(redis, Lane.BACKGROUND)][1:] == [
+        [[10, 11, 12, 13]],
+        [[14, 15, 16, 17]],
+        [[18, 19]],
+    ]
 
 
 def test_the_relay_sends_every_key_once(fake_redis, redis):
