@@ -100,7 +100,7 @@ CATCH_UP_RATE_GOAL = 0.8
 
 _ROWS = """
 SELECT s.slug, extract(epoch FROM d.received_at), extract(epoch FROM t.external_id_settled_at),
-       d.status
+       d.status, extract(epoch FROM t.created_at)
 FROM deliveries d JOIN webhook_sources s ON s.id = d.source_id
 LEFT JOIN tasks t ON t.id = d.task_id
 """
@@ -417,10 +417,18 @@ def _measured(
     rig: Rig, loads: list[Load], background: Background | None, posted: dict[str, dict]
 ) -> dict[str, Any]:
     by_source: dict[str, list[tuple[float, float | None, str]]] = {}
-    for slug, received, settled, status in rig.watcher.execute(_ROWS).fetchall():
+    # Received -> claimed (the task's created_at: on the fast path the claim
+    # statement's own time): the relay, the broker and the wait for a worker
+    # thread. Claimed -> settled: the worker's statements.
+    claimed_by_source: dict[str, list[tuple[float, float, float]]] = {}
+    for slug, received, settled, status, claimed in rig.watcher.execute(_ROWS).fetchall():
         by_source.setdefault(slug, []).append(
             (float(received), None if settled is None else float(settled), status)
         )
+        if claimed is not None and settled is not None:
+            claimed_by_source.setdefault(slug, []).append(
+                (float(received), float(claimed), float(settled))
+            )
     run: dict[str, Any] = {}
     for load in loads:
         rows = [row for source in load.sources for row in by_source.get(source, [])]
@@ -431,6 +439,9 @@ def _measured(
             "error_kinds": sent["error_kinds"],
             "posted_per_s": sent["throughput_rps"],
             **_latency(rows),
+            **_stages(
+                [row for source in load.sources for row in claimed_by_source.get(source, [])]
+            ),
         }
         if not 0 < sent["completed"] <= entry["settled"] == entry["rows"]:
             raise BenchError(
@@ -456,6 +467,14 @@ def _measured(
             "statuses": _statuses(rows),
         }
     return run
+
+
+def _stages(rows: list[tuple[float, float, float]]) -> dict[str, Any]:
+    """Where a delivery's time went: received -> claimed, claimed -> settled."""
+    return {
+        "received_to_claimed": percentiles([claimed - received for received, claimed, _ in rows]),
+        "claimed_to_settled": percentiles([settled - claimed for _, claimed, settled in rows]),
+    }
 
 
 def _latency(rows: list[tuple[float, float | None, str]]) -> dict[str, Any]:
@@ -608,6 +627,12 @@ def _brief(run: dict[str, Any]) -> str:
                 f"{latency['p99_ms']:.0f} / max {latency['max_ms']:.0f} ms "
                 f"({entry['settled']}/{entry['rows']})"
             )
+            if "drain" not in entry:
+                waited, ran = entry["received_to_claimed"], entry["claimed_to_settled"]
+                text += (
+                    f" [to claimed p50 {waited['p50_ms']:.0f} / p99 {waited['p99_ms']:.0f}, "
+                    f"claimed to settled p50 {ran['p50_ms']:.0f} / p99 {ran['p99_ms']:.0f} ms]"
+                )
         else:
             text = f"{name} {entry['rate_per_s']}/s"
         if "drain" in entry:
