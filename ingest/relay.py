@@ -257,6 +257,10 @@ class Relay:
             return []
         self._linger_while_keys_arrive()
         with self._lock:
+            if self._live_pending and len(self._keys) > self._batch_size:
+                # A flood's keys ahead of a live one do not make it wait a
+                # batch: live keys go first, each lane keeping its order.
+                self._keys.sort(key=lambda item: item[1] is not Lane.LIVE)
             batch = self._keys[: self._batch_size]
             del self._keys[: self._batch_size]
             self._live_pending -= sum(1 for _, lane in batch if lane is Lane.LIVE)

@@ -162,6 +162,26 @@ def test_each_key_goes_to_its_lane_live_first_each_lane_in_order() -> None:
     ]
 
 
+def test_a_live_key_behind_a_flood_goes_in_the_first_batch() -> None:
+    # 25 background keys queued before one live key, batches of 10: the live
+    # key does not wait for the three batches ahead of it.
+    publish = _Recorder()
+    relay = Relay(publish, batch_size=10, linger=0.0)  # not started: all queued at once
+    for key in range(25):
+        relay.submit(key, Lane.BACKGROUND)
+    relay.submit(99, Lane.LIVE)
+    relay.start()
+    relay.stop()
+    assert (publish.lanes[0], publish.batches[0]) == (Lane.LIVE, [99])
+    background = [
+        key
+        for lane, batch in zip(publish.lanes, publish.batches, strict=True)
+        for key in batch
+        if lane is Lane.BACKGROUND
+    ]
+    assert background == list(range(25))
+
+
 def test_a_lane_the_broker_refuses_leaves_the_other_published() -> None:
     sent: list[tuple[Lane, list[int]]] = []
     dropped: list[int] = []
