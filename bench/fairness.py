@@ -7,11 +7,11 @@ This benchmark measures, as a black box, how much a storm delays the
 deliveries that are not part of it, and what sharing costs the storm.
 
 One stack per broker (a private ``redis-server``, or a virtual host of the
-machine's RabbitMQ), started as the Procfile starts it: one ingress process
-and one worker process of the deliveries queues, the worker on
-:meth:`~bench.processes.Processes.celery_worker`'s default queues, so the
-queues it serves are whatever taskhook's own deployment serves. One
-throwaway PostgreSQL database, emptied (``taskhook.reset``) before every run.
+machine's RabbitMQ), started as the Procfile starts it: one ingress process,
+the ``worker`` process on both lanes (``celery_worker``'s default queues, so
+the queues it serves are whatever taskhook's own deployment serves) and the
+``live`` process on the live lane alone. One throwaway PostgreSQL database,
+emptied (``taskhook.reset``) before every run.
 
 Places. Workspace **A** (two GitHub sources, **A1** and **A2**), workspace
 **B** (one source) and, for case 2, ``fairness_quiet_workspaces`` quiet
@@ -41,6 +41,10 @@ figures are ratios taken per round; the reported ratio is their median):
    work is drained. B's p99 against B alone (goal: at most 2x, both), and
    the catch-up's own rate (deliveries recovered per second of the command)
    against the catch-up with B idle (goal: at least 0.8x).
+5. **the machine's floor**: B at the steady rate beside ``CPU_HOGS``
+   processes that only spin, sharing nothing with taskhook but the CPUs.
+   No goal: it says how much of the other cases' ratios any work that keeps
+   this machine's cores busy costs B, however fairly taskhook shares.
 
 Latency is POST to task settled, read from the rows as ``bench latency``
 reads it: ``tasks.external_id_settled_at - deliveries.received_at``, both
@@ -57,12 +61,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -80,6 +86,7 @@ from bench.processes import (
     throwaway_database,
     wait_until,
 )
+from models.broker.lanes import Lane
 from models.db import make_engine, make_session_factory, session_scope
 from models.sources import add_source
 from models.workspaces import create_workspace
@@ -95,6 +102,8 @@ FIRST_NUMBER = {"storm": 1, "steady": 1_000_001, "second": 2_000_001, "quiet": 3
 #: How long a run may take to drain, at most.
 DRAIN_TIMEOUT = 1800.0
 LATENCY_GOAL = 2.0
+#: Case 5: as many spinning processes as this machine has cores.
+CPU_HOGS = os.cpu_count() or 2
 STORM_RATE_GOAL = 0.9
 CATCH_UP_RATE_GOAL = 0.8
 
@@ -122,7 +131,8 @@ class Rig:
     watcher: psycopg.Connection
     quiet_sources: list[str]
     flush_broker: Callable[[], None]
-    worker: Process | None = None
+    #: The Procfile's ``worker`` (both lanes) and ``live`` (the live lane).
+    workers: list[Process] = field(default_factory=list)
     runs: int = 0
 
 
@@ -243,13 +253,13 @@ def _rig(bench: Any, broker: str, database: str, quiet: list[str]) -> Iterator[R
     ingress, ingress_url = procs.uvicorn(f"ingress-{broker}", "ingest.app:app", env)
     with psycopg.connect(libpq_url(database), autocommit=True) as watcher:
         rig = Rig(broker, database, env, ingress_url, watcher, quiet, flush)
-        rig.worker = procs.celery_worker(f"worker-{broker}", "worker", env)
+        _start_workers(procs, rig)
         try:
             # The first deliveries pay for connections and caches: not measured.
             _run(bench, rig, [Load("warm-up", [STORM_SOURCE, STEADY_SOURCE], 1, requests=200)])
             yield rig
         finally:
-            procs.stop(rig.worker)
+            _stop_workers(procs, rig)
             procs.stop(ingress)
 
 
@@ -292,6 +302,7 @@ def _cases(bench: Any, rig: Rig) -> dict[str, Any]:
         },
         2: {"quiet alone": ([quiet], None), "storm + quiet": ([storm, quiet], None)},
         3: {"A2 alone": ([steady_a2], None), "storm A1 + A2": ([storm, steady_a2], None)},
+        5: {"B alone": ([steady_b], None), "B beside CPU hogs": ([steady_b], None)},
         4: {
             "B alone": ([steady_b], None),
             "catch-up alone": ([], catch_up_work),
@@ -308,7 +319,9 @@ def _cases(bench: Any, rig: Rig) -> dict[str, Any]:
                 if name in measured:  # B alone serves cases 1 and 4 alike
                     continue
                 loads, background = plans[case][name]
-                measured[name] = _run(bench, rig, loads, background)
+                hogs = CPU_HOGS if name == "B beside CPU hogs" else 0
+                with _spinning(hogs):
+                    measured[name] = _run(bench, rig, loads, background)
                 bench.say(f"    round {round_ + 1}, {name}: {_brief(measured[name])}")
         rounds.append(measured)
     return {"rounds": rounds, "ratios": _ratios(rounds, sizes.fairness_cases)}
@@ -398,8 +411,9 @@ def _drained(rig: Rig, sources: list[str], at_least: int) -> None:
     """Wait until the ``sources`` have at least ``at_least`` deliveries, all finished."""
 
     def finished() -> bool:
-        assert rig.worker is not None
-        rig.worker.check_alive()
+        assert rig.workers
+        for worker in rig.workers:
+            worker.check_alive()
         rows, done = rig.watcher.execute(
             _FINISHED_OF, {"finished": list(taskhook.FINISHED), "slugs": sources}
         ).fetchone()
@@ -555,6 +569,11 @@ def _ratios(rounds: list[dict[str, dict[str, Any]]], cases: tuple[int, ...]) -> 
             p99("replay + B", "steady B"),
             p99("B alone", "steady B"),
         )
+    if 5 in cases:
+        wanted["5: B p99, CPU hogs / alone"] = (
+            p99("B beside CPU hogs", "steady B"),
+            p99("B alone", "steady B"),
+        )
     ratios = {}
     for name, (top, bottom) in wanted.items():
         per_round = [report.ratio(top(measured), bottom(measured)) for measured in rounds]
@@ -571,6 +590,7 @@ GOALS = {
     "4a: B p99, catch-up / alone": ("<=", LATENCY_GOAL),
     "4a: catch-up rate, with B / alone": (">=", CATCH_UP_RATE_GOAL),
     "4b: B p99, replay / alone": ("<=", LATENCY_GOAL),
+    "5: B p99, CPU hogs / alone": ("no goal", None),
 }
 
 
@@ -581,8 +601,14 @@ def _report(bench: Any, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for broker, result in results.items():
         for name, ratio in result["ratios"].items():
             sign, goal = GOALS[name]
-            met = ratio["median"] <= goal if sign == "<=" else ratio["median"] >= goal
             goals[f"{broker} {name}"] = ratio["median"]
+            if goal is None:
+                bench.say(
+                    f"    {broker:8} {name:38} {ratio['median']:>9.3f}  "
+                    f"(no goal; rounds {ratio['per_round']})"
+                )
+                continue
+            met = ratio["median"] <= goal if sign == "<=" else ratio["median"] >= goal
             goals[f"{broker} {name} {sign} {goal}"] = met
             bench.say(
                 f"    {broker:8} {name:38} {ratio['median']:>9.3f}  (goal {sign} {goal}: "
@@ -674,8 +700,7 @@ def _dead_deliveries(bench: Any, rig: Rig) -> None:
     posted with the worker stopped, their messages purged from the broker,
     marked dead, as deliveries a broken deployment gave up on are."""
     procs = bench.processes
-    assert rig.worker is not None
-    procs.stop(rig.worker)
+    _stop_workers(procs, rig)
     n = bench.sizes.fairness_background
     published = taskhook.relay_published(rig.url)
     posted = bench.load(
@@ -703,4 +728,32 @@ def _dead_deliveries(bench: Any, rig: Rig) -> None:
     ).rowcount
     if marked != n:
         raise BenchError(f"marked {marked} of {n} deliveries dead")
-    rig.worker = procs.celery_worker(f"worker-{rig.broker}", "worker", rig.env)
+    _start_workers(procs, rig)
+
+
+@contextlib.contextmanager
+def _spinning(count: int) -> Iterator[None]:
+    """``count`` processes that keep a core busy each and touch nothing else."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _start_workers(procs: Any, rig: Rig) -> None:
+    """The deliveries workers as the Procfile runs them: ``worker`` on both
+    lanes, ``live`` on the live lane alone (its threads are never all held
+    by a flood's messages)."""
+    rig.workers = [
+        procs.celery_worker(f"worker-{rig.broker}", "worker", rig.env),
+        procs.celery_worker(f"live-{rig.broker}", "worker", rig.env, queues=Lane.LIVE.value),
+    ]
+
+
+def _stop_workers(procs: Any, rig: Rig) -> None:
+    for worker in rig.workers:
+        procs.stop(worker)
+    rig.workers = []

@@ -185,7 +185,7 @@ SMOKE = Sizes(
     streams_latency_deliveries=20,
     streams_latency_rate=20,
     streams_listener=1,
-    fairness_cases=(1, 2, 3, 4),
+    fairness_cases=(1, 2, 3, 4, 5),
     fairness_rounds=1,
     fairness_storm=300,
     fairness_steady_rate=10,
@@ -247,7 +247,7 @@ DEFAULT = Sizes(
     streams_latency_deliveries=300,
     streams_latency_rate=10,
     streams_listener=1,
-    fairness_cases=(1, 2, 3, 4),
+    fairness_cases=(1, 2, 3, 4, 5),
     fairness_rounds=2,
     fairness_storm=20_000,
     fairness_steady_rate=5,
@@ -257,7 +257,7 @@ DEFAULT = Sizes(
     fairness_background=10_000,
 )
 #: bench fairness's cases (bench/fairness.py).
-FAIRNESS_CASES = {1, 2, 3, 4}
+FAIRNESS_CASES = {1, 2, 3, 4, 5}
 FULL = replace(DEFAULT, ingress_rounds=5, memory_deliveries=200_000, scale_creates=1000)
 SIZES = {"smoke": SMOKE, "default": DEFAULT, "full": FULL}
 
@@ -280,7 +280,7 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
             example = "a number list such as 1,2" if isinstance(current, tuple) else "a number"
             raise ValueError(f"--set {assignment!r}: {field} takes {example}") from None
         if field == "fairness_cases" and not set(changes[field]) <= FAIRNESS_CASES:
-            raise ValueError(f"--set {assignment!r}: the cases are 1, 2, 3 and 4")
+            raise ValueError(f"--set {assignment!r}: the cases are 1, 2, 3, 4 and 5")
     return changes
 
 

@@ -23,7 +23,7 @@ def test_overrides_are_typed_like_the_sizes_they_replace():
         ("e2e_deliveries=lots", "e2e_deliveries takes a number"),
         ("nope=1", "FIELD one of ingress_seconds"),
         ("e2e_deliveries", "expected FIELD=N"),
-        ("fairness_cases=1,5", "the cases are 1, 2, 3 and 4"),
+        ("fairness_cases=1,6", "the cases are 1, 2, 3, 4 and 5"),
     ],
 )
 def test_a_bad_override_is_a_usage_error_before_anything_starts(assignment, said, capsys):
