@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from bench.suites import BENCHMARKS, Bench, parse_overrides
+from models import sealing
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: The processes' logs: under var/ (not committed), one folder per benchmark.
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, default=RESULTS, help="where <name>.json and <name>.png go"
     )
     options = parser.parse_args(argv)
+    # Sources are added here and read by the processes started from the
+    # repository: the embedded default's key file, as scripts/run makes it.
+    sealing.create_key_file(str(LOGS.parent / "encryption.key"))
     try:
         parse_overrides(options.set)
     except ValueError as error:

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from models.credentials import PLAIN, credential_counts
 from models.inbox import DeliveryStatus
 from models.providers import PROVIDERS
 from models.reports import Backlogs, Gaps, LastDeliveries, inbox_disk_use, workspace_backlogs
@@ -60,6 +61,9 @@ class InboxReading:
     storage_bytes: int = 0
     #: The workspaces with the largest backlogs, and the rest folded.
     backlogs: Backlogs = field(default_factory=lambda: Backlogs(largest=[]))
+    #: Stored credentials by the key id that seals them, ``plain`` for those
+    #: stored before sealing (``models.credentials.credential_counts``).
+    credentials: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -162,6 +166,20 @@ class IngressMetrics:
             f"Only the {BACKLOG_WORKSPACES} workspaces with the largest backlogs have a series "
             "of their own (workspace=<slug>), and only while they are among them; the others "
             f'are folded into workspace="{OTHER_WORKSPACES}", always present'
+        )
+        self.sealed_credentials = Gauge(
+            "taskhook_sealed_credentials",
+            "Stored credentials (signing secrets, catch-up tokens, App keys) each encryption "
+            "key seals, by key id, read at each scrape: a key whose count is 0 may be removed "
+            '(docs/runbook.md, "Rotate the encryption key").',
+            ["key_id"],
+            registry=self.registry,
+        )
+        self.plain_credentials = Gauge(
+            "taskhook_plain_credentials",
+            "Stored credentials not sealed yet (stored before sealing existed): "
+            "`taskhook secrets rotate` seals them.",
+            registry=self.registry,
         )
         self.workspace_backlog = Gauge(
             "taskhook_workspace_backlog",
@@ -304,6 +322,7 @@ class IngressMetrics:
             # The database's own measure only: counting the bodies reads every row.
             storage_bytes=inbox_disk_use(session=session, count_bodies=False).storage_bytes,
             backlogs=workspace_backlogs(session=session, top=BACKLOG_WORKSPACES, now=now),
+            credentials=dict(credential_counts(session)),
         )
 
     def show_inbox(
@@ -322,6 +341,11 @@ class IngressMetrics:
             max(0.0, waited(reading.oldest_queued_updated_at) - queued_grace_seconds)
         )
         self.show_backlogs(reading.backlogs)
+        self.sealed_credentials.clear()
+        for key_id, count in reading.credentials.items():
+            if key_id != PLAIN:
+                self.sealed_credentials.labels(key_id).set(count)
+        self.plain_credentials.set(reading.credentials.get(PLAIN, 0))
         self.source_last_delivery.clear()
         last = {slug: at.timestamp() for slug, at in reading.last_delivery.items()}
         if by_source:

@@ -33,6 +33,8 @@ from sqlalchemy.orm import Session
 
 from models.errors import InvalidOperation, InvalidRelease, InvalidSource, SourceNotFound
 from models.names import NameKind
+from models.sealing import PREFIX as SEALED_PREFIX
+from models.sealing import is_sealed
 from models.tables import (
     CatchUpRun,
     CatchUpSource,
@@ -455,6 +457,8 @@ def checked_token(token: str) -> str:
     token = token.strip()
     if not token or any(c.isspace() for c in token):
         raise InvalidSource("the token must be one word, without spaces")
+    if is_sealed(token):
+        raise InvalidSource(f"a token cannot begin with {SEALED_PREFIX!r}")
     return token
 
 

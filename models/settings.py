@@ -34,7 +34,7 @@ from typing import Annotated, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import annotated_types
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 #: Deliveries one worker process runs at once, unless set: on PostgreSQL its
@@ -197,6 +197,19 @@ class Settings(BaseSettings):
         description="When set, /metrics answers only 'Authorization: Bearer <token>' "
         "(Prometheus: authorization.credentials); unset, it is open to whoever reaches "
         "the ingress.",
+    )
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys that seal stored credentials (signing secrets, catch-up tokens, "
+        "App private keys), comma-separated: the first seals, every one opens. Make one "
+        "with `taskhook secrets new-key`; rotate with `taskhook secrets rotate` "
+        "(docs/runbook.md). Unset: the lines of TASKHOOK_ENCRYPTION_KEY_FILE.",
+    )
+    encryption_key_file: str = Field(
+        default="var/encryption.key",
+        description="A file of keys, one a line, read when TASKHOOK_ENCRYPTION_KEYS is "
+        "unset. `scripts/run` (and `taskhook secrets init`) makes it, mode 0600, when "
+        "no key is set. With neither, a service refuses to start.",
     )
     max_api_body_bytes: int = Field(
         default=1024 * 1024,

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from models.broker.lanes import SourceLane
 from models.errors import InvalidSource, SourceNotFound
 from models.providers import PROVIDERS as REGISTRY
+from models.sealing import PREFIX as SEALED_PREFIX
+from models.sealing import is_sealed
 from models.tables import SourceSecret, WebhookSource, Workspace, utcnow
 
 #: The provider names a source may have: every registered provider.
@@ -86,6 +88,9 @@ def checked_secret(secret: str) -> str:
     """``secret`` if a source may sign with it; else :class:`InvalidSource`."""
     if not secret or not secret.strip():
         raise InvalidSource("a signing secret cannot be empty")
+    if is_sealed(secret):
+        # It would be stored as it is, as a value already sealed, and never open.
+        raise InvalidSource(f"a signing secret cannot begin with {SEALED_PREFIX!r}")
     return secret
 
 

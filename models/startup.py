@@ -26,8 +26,11 @@ from typing import NoReturn, TextIO
 
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from models import sealing
+from models.credentials import check_keys_cover
 from models.db import NoDatabase, make_engine
 from models.settings import (
     Settings,
@@ -101,6 +104,26 @@ def check_database(settings: Settings, *, timeout: float = CONNECT_TIMEOUT_SECON
             f"cannot reach the database at {for_people(url)} (TASKHOOK_DATABASE_URL): "
             f"{database_reason(error)}"
         ) from None
+
+
+def check_encryption(settings: Settings) -> None:
+    """Install the keyring the settings name, or :class:`CannotStart`: no key
+    at all, a key that is not one, or a key removed while it still seals
+    stored credentials (``models.credentials``). Never a fallback to plain text."""
+    try:
+        keyring = sealing.install(sealing.keyring_of(settings))
+    except sealing.SealingError as problem:
+        raise CannotStart(str(problem)) from None
+    engine = make_engine(settings.database_url, settings=settings, poolclass=NullPool)
+    try:
+        with Session(engine) as session:
+            check_keys_cover(session, keyring)
+    except sealing.SealingError as problem:
+        raise CannotStart(str(problem)) from None
+    except DBAPIError:
+        pass  # no tables yet: the service's first query says so, as it did before
+    finally:
+        engine.dispose()
 
 
 def database_reason(error: BaseException) -> str:
@@ -211,6 +234,7 @@ def service_ready(
     try:
         if database:
             check_database(settings)
+            check_encryption(settings)
         if broker:
             try:
                 check_broker(settings)

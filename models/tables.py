@@ -26,6 +26,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from models.sealing import SealedText
+
 # Named constraints, so migrations and error handling can refer to them by name.
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -347,8 +349,9 @@ class WebhookSource(Base):
 
 class SourceSecret(Base):
     """A signing secret of a source. Any active one verifies, so secrets rotate
-    without downtime. HMAC needs the secret itself, so it is stored as given;
-    it never leaves the process in a log line, a listing or a response."""
+    without downtime. HMAC needs the secret itself, so it is stored sealed
+    (``models.sealing``), not as a digest; it never leaves the process in a
+    log line, a listing or a response."""
 
     __tablename__ = "source_secrets"
 
@@ -356,7 +359,7 @@ class SourceSecret(Base):
     source_id: Mapped[int] = mapped_column(
         ForeignKey("webhook_sources.id", ondelete="CASCADE"), index=True
     )
-    secret: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(SealedText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     retired_at: Mapped[datetime | None]
 
@@ -372,8 +375,8 @@ class CatchUpSource(Base):
     """Where a source's catch-up reads the provider's log of its deliveries,
     and with which credential (``taskhook sources catch-up``): a token, or a
     GitHub App's id and private key, never both. Both are credentials like a
-    signing secret: stored as given, because the API needs them, and never
-    shown again after they are set, nor logged."""
+    signing secret: stored sealed (``models.sealing``), because the API needs
+    them, and never shown again after they are set, nor logged."""
 
     __tablename__ = "catchup_sources"
     __table_args__ = (
@@ -391,7 +394,7 @@ class CatchUpSource(Base):
     target: Mapped[str] = mapped_column(String(300))
     #: The hook's id; None: the newest ``X-GitHub-Hook-ID`` the inbox kept.
     hook_id: Mapped[str | None] = mapped_column(String(64))
-    token: Mapped[str | None] = mapped_column(Text)
+    token: Mapped[str | None] = mapped_column(SealedText)
     #: A Jira Cloud site's: the account's email, which with ``token`` (an API
     #: token) signs in; None with a Data Center personal access token.
     email: Mapped[str | None] = mapped_column(String(320))
@@ -399,7 +402,7 @@ class CatchUpSource(Base):
     jql: Mapped[str | None] = mapped_column(Text)
     #: A GitHub App's id and its private key (PEM): the App signs a JWT with it.
     app_id: Mapped[str | None] = mapped_column(String(20))
-    private_key: Mapped[str | None] = mapped_column(Text)
+    private_key: Mapped[str | None] = mapped_column(SealedText)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

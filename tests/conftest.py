@@ -21,9 +21,15 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from migrations import upgrade_to_head
+from models import sealing
 from models.db import make_engine, make_session_factory
 from tests.support.descriptors import DescriptorWatch, open_descriptors
 from tests.support.stores import POSTGRES_ADMIN_URL, Store, empty_postgres, libpq, open_store
+
+#: The key every process of the suite seals credentials with: the embedded
+#: default's key file, made as ``scripts/run`` makes it (``taskhook secrets
+#: init``), which every process the tests start from the repository reads.
+sealing.create_key_file(str(Path(__file__).resolve().parents[1] / "var" / "encryption.key"))
 
 #: File descriptors the session may leave open: those of caches that live as
 #: long as the process (kombu's connection pools, an event loop's selector).

@@ -3,7 +3,8 @@
 Each process is started as the Procfile starts it (its line, through bash,
 from the repository root; the CLI as an operator runs it): a bad setting, a
 broker or a database taskhook does not run on, an unreachable database, a
-wrong RabbitMQ password. Each must exit non-zero with one line on stderr that
+wrong RabbitMQ password, no encryption key (or one removed while it still
+seals a stored credential). Each must exit non-zero with one line on stderr that
 names the setting, no traceback, no password, and no worker saying "ready".
 An unknown ``TASKHOOK_`` name is a warning line of its own, never fatal.
 """
@@ -11,12 +12,18 @@ An unknown ``TASKHOOK_`` name is a warning line of its own, never fatal.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 
+from models import sealing
+from models.db import make_engine, make_session_factory, session_scope
+from models.sources import add_source
+from models.workspaces import create_workspace
 from tests.support.cli import BIN
 from tests.support.processes import ROOT, free_port, wait_until
 
@@ -230,3 +237,66 @@ def httpx_ok(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.parametrize("process", ["web", "worker", "live", "operator"])
+def test_no_encryption_key_on_postgresql_is_one_line_saying_how_to_make_one(
+    tmp_path: Path, process: str, postgres_url: str
+):
+    missing = tmp_path / "no.key"
+
+    line = one_line(
+        start(
+            process,
+            tmp_path,
+            TASKHOOK_DATABASE_URL=postgres_url,
+            TASKHOOK_ENCRYPTION_KEY_FILE=str(missing),
+        )
+    )
+
+    assert line == (
+        "taskhook: no encryption key: set TASKHOOK_ENCRYPTION_KEYS to a key made by "
+        f"`taskhook secrets new-key`, or put one in {missing} (TASKHOOK_ENCRYPTION_KEY_FILE)"
+    )
+
+
+def test_a_key_removed_while_it_still_seals_a_credential_is_refused_with_a_count(
+    tmp_path: Path, postgres_url: str
+):
+    """Sources added here are sealed by the suite's key; a web process given
+    only another key must not start and then fail every delivery."""
+    engine = make_engine(postgres_url)
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            workspace = create_workspace(
+                session=session, slug="sealed", name="Sealed", task_prefix="SEAL"
+            )
+            add_source(
+                session=session,
+                provider="github",
+                workspace_id=workspace.id,
+                slug="sealed-github",
+                secret="sealed-secret",
+                create_events=["issues.opened"],
+            )
+        old = sealing.installed().primary_id
+
+        line = one_line(
+            start(
+                "web",
+                tmp_path,
+                TASKHOOK_DATABASE_URL=postgres_url,
+                TASKHOOK_ENCRYPTION_KEYS=sealing.new_key(),
+            )
+        )
+    finally:
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM workspaces WHERE slug = 'sealed'"))
+        engine.dispose()
+
+    assert re.fullmatch(
+        rf"taskhook: \d+ stored credentials? (is|are) sealed by key {old}, which the "
+        r"encryption keys no longer hold: put it back \(after the first key\), run "
+        r"`taskhook secrets rotate`, then remove it",
+        line,
+    ), line

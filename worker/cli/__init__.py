@@ -52,6 +52,7 @@ from worker.cli.identities import identities
 from worker.cli.mcp import mcp
 from worker.cli.operations import operations
 from worker.cli.runtime import EXIT_NO_ANSWER, CommandRuntime, TaskhookGroup
+from worker.cli.secrets import secrets
 from worker.cli.sources import source
 from worker.cli.start import start
 from worker.cli.tasks import explain, release, task
@@ -84,6 +85,7 @@ for _command in (
     deliveries,
     operations,
     stats,
+    secrets,
     catch_up,
     token,
     demo,

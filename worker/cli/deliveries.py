@@ -11,6 +11,7 @@ import click
 
 from models.broker.lanes import Sender, keys_per_message, lane_of
 from models.broker.messages import PROCESS_DELIVERY, message_groups, task_for
+from models.credentials import PLAIN, credential_counts
 from models.inbox import DeliveryStatus, replay
 from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
 from models.replay_plan import ReplayPlan, plan_replay
@@ -545,9 +546,12 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
         backlogs = workspace_backlogs(session=session, top=LISTED_BACKLOGS, now=now)
         missed = gaps(session=session, heartbeat_seconds=runtime.settings.ingress_heartbeat_seconds)
         disk = inbox_disk_use(session=session)
+        credentials = dict(credential_counts(session))
     if as_json:
         emit_json(
-            asdict(found) | asdict(missed) | {"disk": asdict(disk), "backlogs": asdict(backlogs)}
+            asdict(found)
+            | asdict(missed)
+            | {"disk": asdict(disk), "backlogs": asdict(backlogs), "credentials": credentials}
         )
         return
     print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
@@ -565,8 +569,24 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
             f"({format_when(found.oldest_queued_at)} UTC)."
         )
     _print_backlogs(backlogs)
+    _print_credentials(credentials)
     _print_disk(disk, Policy.of(runtime.settings))
     _print_gaps(missed)
+
+
+def _print_credentials(credentials: dict[str, int]) -> None:
+    """Stored credentials by the key that seals them (``taskhook secrets status``)."""
+    sealed = ", ".join(
+        f"{count} by key {key_id}"
+        for key_id, count in sorted(credentials.items())
+        if key_id != PLAIN
+    )
+    plain = credentials.get(PLAIN, 0)
+    click.echo()
+    click.echo(
+        f"Credentials sealed: {sealed or 'none'}; plain text: {plain}"
+        + (" (`taskhook secrets rotate` seals them)." if plain else ".")
+    )
 
 
 def _print_backlogs(backlogs: Backlogs) -> None:

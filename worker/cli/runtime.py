@@ -17,10 +17,10 @@ import click
 from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
-from models import startup
+from models import sealing, startup
 from models.db import NoDatabase, make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
 from models.settings import Settings, invalid_settings
@@ -96,10 +96,16 @@ class TaskhookGroup(click.Group):
             return super().invoke(ctx)
         except TaskStoreError as error:  # every kind alike: the store's words, exit 1
             raise Refused(str(error)) from None
+        except sealing.SealingError as error:  # a credential it cannot open: no key, a removed key
+            raise Refused(str(error)) from None
         except DBAPIError as error:
             runtime = ctx.find_object(CommandRuntime)
             url = runtime.database_url_for_people if runtime else "?"
             raise _database_refusal(error, url) from None
+        except StatementError as error:  # not a DBAPIError: raised by our own code
+            if isinstance(error.orig, sealing.SealingError):  # sealing a value to write
+                raise Refused(str(error.orig)) from None
+            raise
 
 
 # --- per-invocation runtime: settings, engine, sessions -----------------------------
@@ -170,8 +176,22 @@ class CommandRuntime:
     def sessions(self) -> sessionmaker[Session]:
         """The session factory, for a command that opens several units of work."""
         if self._sessions is None:
+            self.install_keyring(required=False)
             self._sessions = make_session_factory(self.engine)
         return self._sessions
+
+    def install_keyring(self, *, required: bool = True) -> sealing.Keyring | None:
+        """The keyring the settings name, installed for this process. Not
+        ``required``: none configured is left to the first credential read,
+        so a command that touches no credential needs no key."""
+        try:
+            return sealing.install(sealing.keyring_of(self.settings))
+        except sealing.NoEncryptionKey as problem:
+            if required:
+                raise Refused(str(problem)) from None
+            return None
+        except sealing.SealingError as problem:
+            raise Refused(str(problem)) from None
 
     def close(self) -> None:
         if self._engine is not None:
