@@ -20,6 +20,7 @@ from models.catchup import log_settings, set_log_access
 from models.db import session_scope
 from models.errors import InvalidSource
 from models.tables import CatchUpRun, CatchUpSource, Delivery
+from tests.support.cli import refused, taskhook
 from tests.support.deliveries import FIXTURES, github_headers
 from tests.support.ingress import GITHUB_SECRET, Ingress, open_ingress
 from worker.catchup.github_log import BadCredentials
@@ -217,3 +218,20 @@ def test_a_dry_run_confirms_the_hook_but_records_nothing(ingress: Ingress, githu
     )
 
     assert report.missed == [MISSED] and recorded_hook(ingress) is None
+
+
+def test_the_cli_names_hook_id_when_no_log_confirms_a_hook_and_survives_hook_x(
+    ingress: Ingress, github: FakeGitHub
+):
+    store, command = ingress.store, ("catch-up", "github", "--source", "acme-github", "--dry-run")
+    body = json.dumps(issue_opened(9)).encode()
+    forged = github_headers("issues__opened", body, GITHUB_SECRET, **{"X-GitHub-Hook-ID": "456"})
+    post(ingress, body, forged)
+
+    line = refused(taskhook(store, *command))
+    assert "no hook its deliveries named (456)" in line and "--hook-id ID" in line
+
+    replay(ingress, genuine(ingress), hook_id="x", guid="00000000-0000-4000-8000-0000000000f4")
+    result = taskhook(store, *command)
+    assert result.exit_code == 0, result.output
+    assert "Missed creates 1" in " ".join(result.output.split())
