@@ -22,13 +22,13 @@ Which command covers a source is decided here, once
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
-from sqlalchemy import desc, select
+from sqlalchemy import desc, func, select
 from sqlalchemy.orm import Session
 
 from models.errors import InvalidOperation, InvalidRelease, InvalidSource, SourceNotFound
@@ -86,6 +86,9 @@ BY_HAND = "by-hand"
 #: ``operations.kind`` of the same mark, in the operations history.
 MARK_HANDLED = "mark-handled"
 _MAX_MARK_REASON = 1000
+#: The most hook ids a GitHub catch-up without a configured or confirmed hook
+#: tries (newest named first): each costs a read of that hook's log.
+HOOK_CANDIDATES = 5
 #: The ``taskhook catch-up`` subcommand that reads each provider's API.
 _CATCH_UP_SUBCOMMANDS = {"github": "github", "jira": "jira", "gitlab": "gitlab"}
 
@@ -103,10 +106,21 @@ class LogSettings:
     token: str | None = None
     app_id: str | None = None
     private_key: str | None = None
+    #: Hook ids the source's deliveries named (``X-GitHub-Hook-ID``, which
+    #: the signature does not cover), newest first, when no hook id is
+    #: configured or confirmed: ``hook_path`` is then the first's, and the
+    #: catch-up reads a hook's log only once that log confirms it
+    #: (:func:`confirm_hook`).
+    unconfirmed: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         credential = "token=<hidden>" if self.token else f"app_id={self.app_id!r}, key=<hidden>"
         return f"LogSettings(source={self.slug!r}, hook_path={self.hook_path!r}, {credential})"
+
+    def with_hook(self, hook_id: str) -> LogSettings:
+        """The same settings, reading hook ``hook_id`` of the same owner."""
+        owner = self.hook_path.rpartition("/hooks/")[0]
+        return replace(self, hook_path=f"{owner}/hooks/{checked_hook_id(hook_id)}", unconfirmed=())
 
     @property
     def repo(self) -> str | None:
@@ -531,8 +545,9 @@ def checked_api_url(api_base_url: str) -> str:
 
 
 def log_settings(*, session: Session, slug: str) -> LogSettings:
-    """Where source ``slug``'s log is read. The hook id, when not configured,
-    is the newest ``X-GitHub-Hook-ID`` the inbox kept for the source. Raises
+    """Where source ``slug``'s log is read: its hook's, configured
+    (``--hook-id``) or confirmed by an earlier run (:func:`confirm_hook`);
+    else the hooks its deliveries named are ``unconfirmed`` candidates. Raises
     :class:`SourceNotFound` or :class:`InvalidSource` saying what to set."""
     source, access = _source_and_access(session, slug)
     if source.provider != "github":
@@ -552,24 +567,81 @@ def log_settings(*, session: Session, slug: str) -> LogSettings:
             app_id=access.app_id,
             private_key=access.private_key,
         )
-    hook_id = access.hook_id or session.scalar(
-        select(Delivery.hook_id)
-        .where(Delivery.source_id == source.id, Delivery.hook_id.is_not(None))
-        .order_by(desc(Delivery.id))
-        .limit(1)
-    )
-    if hook_id is None:
-        raise InvalidSource(
-            f"source {slug!r}: no delivery has named its hook yet; "
-            f"taskhook source catch-up {slug} ... --hook-id ID"
-        )
+    if access.hook_id is not None:
+        # Configured (--hook-id), or confirmed by an earlier run's read of its log.
+        if not _HOOK_ID.fullmatch(access.hook_id):  # no command stores one: never into a URL
+            raise InvalidSource(
+                f"source {slug!r}: its stored hook id is not a number; "
+                f"taskhook source catch-up {slug} ... --hook-id ID"
+            )
+        hook_id, unconfirmed = access.hook_id, ()
+    else:
+        unconfirmed = _named_hooks(session, source.id)
+        if not unconfirmed:
+            raise InvalidSource(
+                f"source {slug!r}: no delivery has named its hook yet; "
+                f"taskhook source catch-up {slug} ... --hook-id ID"
+            )
+        hook_id = unconfirmed[0]
     return LogSettings(
         source_id=source.id,
         slug=slug,
         api_base_url=access.api_base_url,
         hook_path=f"{access.target}/hooks/{hook_id}",
         token=access.token,
+        unconfirmed=unconfirmed,
     )
+
+
+def _named_hooks(session: Session, source_id: int) -> tuple[str, ...]:
+    """The numeric hook ids the source's deliveries named, newest first, at
+    most :data:`HOOK_CANDIDATES`. Anyone holding one signed body can resend
+    it under a header of their choosing: these are candidates, never the hook."""
+    named = session.execute(
+        select(Delivery.hook_id)
+        .where(Delivery.source_id == source_id, Delivery.hook_id.is_not(None))
+        .group_by(Delivery.hook_id)
+        .order_by(desc(func.max(Delivery.id)))
+    )
+    candidates: list[str] = []
+    for (hook_id,) in named:
+        if _HOOK_ID.fullmatch(hook_id):
+            candidates.append(hook_id)
+            if len(candidates) == HOOK_CANDIDATES:
+                break
+    return tuple(candidates)
+
+
+def held_from_hook(
+    *, session: Session, source_id: int, hook_id: str, delivery_ids: list[str]
+) -> bool:
+    """Whether the inbox holds, from the source, one of ``delivery_ids`` (read
+    from hook ``hook_id``'s own log) that named that hook: what confirms it."""
+    return any(
+        session.scalar(
+            select(Delivery.id)
+            .where(
+                Delivery.source_id == source_id,
+                Delivery.hook_id == hook_id,
+                Delivery.delivery_id.in_(delivery_ids[start : start + 500]),
+            )
+            .limit(1)
+        )
+        is not None
+        for start in range(0, len(delivery_ids), 500)
+    )
+
+
+def confirm_hook(*, session: Session, source_id: int, target: str, hook_id: str) -> bool:
+    """Record ``hook_id``, confirmed by its own log, as the source's hook, so
+    later runs read it and no header moves them; unless the access changed
+    meanwhile (another owner, or a hook id given). Whether it was recorded."""
+    access = session.get(CatchUpSource, source_id)
+    if access is None or access.target != target or access.hook_id is not None:
+        return False
+    access.hook_id = checked_hook_id(hook_id)
+    access.updated_at = utcnow()
+    return True
 
 
 def _source_and_access(session: Session, slug: str) -> tuple[WebhookSource, CatchUpSource | None]:

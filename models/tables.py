@@ -392,7 +392,8 @@ class CatchUpSource(Base):
     #: Whose hook: ``repos/OWNER/REPO``, ``orgs/ORG``, or ``app`` (``app/hook``);
     #: ``jira`` for a Jira site (``api_base_url`` is then the site's URL).
     target: Mapped[str] = mapped_column(String(300))
-    #: The hook's id; None: the newest ``X-GitHub-Hook-ID`` the inbox kept.
+    #: The hook's id: given (``--hook-id``), or confirmed by a GitHub catch-up
+    #: (``models.catchup.confirm_hook``); None: not known yet.
     hook_id: Mapped[str | None] = mapped_column(String(64))
     token: Mapped[str | None] = mapped_column(SealedText)
     #: A Jira Cloud site's: the account's email, which with ``token`` (an API

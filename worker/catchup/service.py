@@ -54,12 +54,15 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.catchup import (
+    GITHUB_LOG_RETENTION,
     GITLAB_KIND,
     GitLabSettings,
     JiraSettings,
     LogSettings,
     checked_repo,
+    confirm_hook,
     gitlab_settings,
+    held_from_hook,
     jira_settings,
     known_delivery_ids,
     known_identities,
@@ -97,6 +100,9 @@ STORE_BATCH = 50
 #: How many fetched deliveries may wait for the store: the log is read one
 #: request at a time (as GitHub asks of a client), ahead of the store.
 PREFETCHED = 200
+#: How many attempts of a hook's log are checked against the inbox at once
+#: while confirming the hook: one page of GitHub's.
+PAGE_CHECK = 100
 GITHUB = PROVIDERS["github"]
 JIRA = PROVIDERS["jira"]
 GITLAB = PROVIDERS["gitlab"]
@@ -200,10 +206,84 @@ def catch_up_github(
     settings, source, report = _start(sessions, GITHUB, slug, "log", since, dry_run, log_settings)
 
     def read(report: CatchUpReport) -> None:
-        with open_log(settings) as delivery_log:
+        hook = settings
+        if settings.unconfirmed:
+            hook = _confirmed_hook(sessions, settings, open_log, dry_run=dry_run)
+        with open_log(hook) as delivery_log:
             _read_log(sessions, delivery_log, source, report, send, redeliver)
 
     return _run(sessions, report, read, covers=True)
+
+
+def _confirmed_hook(
+    sessions: sessionmaker[Session], settings: LogSettings, open_log: LogFactory, *, dry_run: bool
+) -> LogSettings:
+    """The settings of the first of the hooks the source's deliveries named
+    whose own log lists a delivery the inbox holds from the source under that
+    hook: ``X-GitHub-Hook-ID`` is outside the signature, so a header alone
+    never picks the log a run reads (nor stores from). The hook found is
+    recorded on the source's access (unless a dry run), and later runs read
+    it without asking again. Raises :class:`InvalidSource` when none is
+    confirmed; the last candidate's error when none could be read at all."""
+    since = utcnow() - GITHUB_LOG_RETENTION
+    unread: CatchUpError | None = None
+    read_any = False
+    for hook_id in settings.unconfirmed:
+        candidate = settings.with_hook(hook_id)
+        try:
+            with open_log(candidate) as delivery_log:
+                confirmed = _lists_held(sessions, delivery_log, settings, hook_id, since)
+        except BadCredentials as error:  # no such hook, or not one this credential reads
+            unread = error
+            continue
+        read_any = True
+        if confirmed:
+            if not dry_run:
+                with session_scope(sessions) as session:
+                    target = settings.hook_path.rpartition("/hooks/")[0]
+                    confirm_hook(
+                        session=session,
+                        source_id=settings.source_id,
+                        target=target,
+                        hook_id=hook_id,
+                    )
+            log.info("catch-up %s: hook %s confirmed by its delivery log", settings.slug, hook_id)
+            return candidate
+    if unread is not None and not read_any:
+        raise unread
+    raise InvalidSource(
+        f"source {settings.slug!r}: no hook its deliveries named "
+        f"({', '.join(settings.unconfirmed)}) lists a delivery the inbox holds from it; "
+        f"taskhook source catch-up {settings.slug} ... --hook-id ID"
+    )
+
+
+def _lists_held(
+    sessions: sessionmaker[Session],
+    delivery_log: DeliveryLog,
+    settings: LogSettings,
+    hook_id: str,
+    since: datetime,
+) -> bool:
+    """Whether hook ``hook_id``'s log lists a delivery the inbox holds from the
+    source under that hook, read a page at a time up to the first found."""
+    guids: list[str] = []
+    for attempt in delivery_log.attempts(since=since):
+        guids.append(attempt.guid)
+        if len(guids) == PAGE_CHECK:
+            if _held_from(sessions, settings, hook_id, guids):
+                return True
+            guids = []
+    return bool(guids) and _held_from(sessions, settings, hook_id, guids)
+
+
+def _held_from(
+    sessions: sessionmaker[Session], settings: LogSettings, hook_id: str, guids: list[str]
+) -> bool:
+    with session_scope(sessions) as session:
+        return held_from_hook(
+            session=session, source_id=settings.source_id, hook_id=hook_id, delivery_ids=guids
+        )
 
 
 def scan_github(

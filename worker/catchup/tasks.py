@@ -47,6 +47,12 @@ def catch_up(self) -> dict[str, Any]:
             log.warning("catch-up of %s stopped: %s", slug, error)
             done[slug] = {"error": str(error)}
             continue
+        except Exception as error:
+            # Whatever one source's run raised (recorded on its run, as every
+            # read's failure is), the sources after it are still caught up.
+            log.exception("catch-up of %s failed", slug)
+            done[slug] = {"error": f"{type(error).__name__}: {error}"}
+            continue
         done[slug] = {"missed": len(report.missed), "recovered": len(report.recovered)}
     return done
 

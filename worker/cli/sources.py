@@ -393,7 +393,8 @@ def _private_key_of(path: str) -> str:
     "--hook-id",
     default=None,
     callback=checked_by(checked_hook_id),
-    help="The hook's id; by default the one GitHub names on the deliveries (X-GitHub-Hook-ID), "
+    help="The hook's id; by default, once a catch-up confirms it, the one the deliveries name "
+    "(X-GitHub-Hook-ID) whose own log lists one of them; "
     "or GitLab's hook whose URL ends with the source's name.",
 )
 @click.option(

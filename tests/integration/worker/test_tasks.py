@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 from celery import Celery
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from sqlalchemy import select, update
 
 # Importing the task modules registers their shared tasks with every app.
 import worker.catchup.tasks
@@ -27,10 +30,11 @@ from models.broker.messages import (
     RELEASE_IDENTITY,
     SWEEP,
 )
-from models.catchup import set_gitlab_access, set_jira_access, set_log_access
+from models.catchup import set_app_access, set_gitlab_access, set_jira_access, set_log_access
 from models.db import session_scope
 from models.settings import Settings
 from models.sources import add_source
+from models.tables import CatchUpRun, CatchUpSource
 from models.tasks import delete_task
 from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.support.stores import TRUSTED, Store
@@ -232,6 +236,70 @@ def test_the_catch_up_task_catches_up_each_source_and_a_failing_one_holds_up_no_
     assert message.headers["task"] == PROCESS_DELIVERIES
     assert len(message.payload[0][0]) == 2
     assert tasks_of(store.sessions, workspace.id) == []
+
+
+def test_a_source_whose_catch_up_raises_anything_stops_no_later_source(eager: Celery, store: Store):
+    workspace = store.workspace()
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+    with FakeGitHub(token="ghp_beat") as github:
+        github.log_delivery(
+            hook="repos/acme/widgets/hooks/9",
+            event="issues",
+            payload={
+                "action": "opened",
+                "issue": {
+                    "number": 1,
+                    "title": "Missed",
+                    "html_url": "https://github.com/acme/widgets/issues/1",
+                },
+                "repository": {"full_name": "acme/widgets"},
+            },
+            status_code=0,
+        )
+        with session_scope(store.sessions) as session:
+            for slug in ("a-github", "b-github"):
+                add_source(
+                    session=session,
+                    provider="github",
+                    workspace_id=workspace.id,
+                    slug=slug,
+                    secret="s",
+                    create_events=["issues.opened"],
+                )
+            set_app_access(
+                session=session,
+                slug="a-github",
+                app_id="7",
+                private_key=pem,
+                api_base_url=github.base_url,
+            )
+            set_log_access(
+                session=session,
+                slug="b-github",
+                target="repos/acme/widgets",
+                hook_id="9",
+                token="ghp_beat",
+                api_base_url=github.base_url,
+            )
+            # A row no command writes: its run raises what no catch-up expects.
+            session.execute(
+                update(CatchUpSource).where(CatchUpSource.app_id == "7").values(app_id="x")
+            )
+
+        done = eager.tasks[CATCH_UP].apply().get()
+
+    assert done["a-github"]["error"].startswith("ValueError")
+    assert done["b-github"] == {"missed": 1, "recovered": 1}
+    with session_scope(store.sessions) as session:
+        failed = session.scalars(select(CatchUpRun).where(CatchUpRun.error.is_not(None))).one()
+        assert failed.covered_until is None and "ValueError" in failed.error
+    with eager.connection_for_read() as connection:
+        connection.SimpleQueue(BACKGROUND_QUEUE).get(timeout=5).ack()
 
 
 def test_the_catch_up_task_catches_up_a_gitlab_source_with_gitlabs_own_catch_up(
