@@ -21,6 +21,12 @@ slow senders"):
   then it is answered 408, unless an answer has begun, and closed. Once the
   request has arrived, the app takes as long as it takes.
 
+It also keeps its connections below its limit of open files
+(``ingest.connections``): it raises the soft limit to the hard one as it starts,
+accepts no more connections than that less a headroom, and at that bound
+closes the connection that has waited longest for a head to make room
+(docs/deploy.md, "Open files").
+
 Before it serves, it checks the settings and connects once to the database
 and the broker: a mistake there is one line on stderr and exit code 1
 (``models.startup``), not a traceback or a server that starts and is never
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import sys
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -49,6 +56,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from ingest.connections import (
+    ConnectionGate,
+    GatedListener,
+    connection_bound,
+    limits_line,
+    raise_open_files_limit,
+)
 from models import startup
 from models.settings import Settings, get_settings
 
@@ -96,16 +110,43 @@ class _BoundedRequests:
         self._reading_head = True
         self._head_bytes = 0
         self._heads_parsed = 0
+        self._gate: ConnectionGate | None = None
+        self._shed = False
+
+    def watched_by(self, gate: ConnectionGate) -> None:
+        """Count this connection in ``gate``, which may close it for room (:meth:`shed`)."""
+        self._gate = gate
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
+        if self._gate is not None:
+            self._gate.made(self)
         self._request_began()  # a connection that never sends is a slow sender too
 
     def connection_lost(self, exc: Exception | None) -> None:
         for clock in self._clocks.values():
             clock.cancel()
         self._clocks.clear()
+        if self._gate is not None:
+            self._gate.lost(self, shed=self._shed)
         super().connection_lost(exc)
+
+    def shed(self) -> bool:
+        """Close this connection with a 503 if it waits for a head (none sent,
+        one arriving, or the next one after an answer), to make room for a new
+        one at the connection bound; whether it did. A request being read or
+        answered is left alone."""
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if self.transport.is_closing() or not self._reading_head or answering:
+            return False
+        self._shed = True
+        self.logger.warning(
+            "At the bound of %d connections: the one waiting longest for a head "
+            "answered 503, closed.",
+            self._gate.bound if self._gate is not None else 0,
+        )
+        self._refuse(HTTPStatus.SERVICE_UNAVAILABLE)
+        return True
 
     def data_received(self, data: bytes) -> None:
         while data and not self.transport.is_closing():
@@ -150,6 +191,8 @@ class _BoundedRequests:
         self._stop_clock("head")
         self._stop_clock("request")
         self._reading_head, self._head_bytes = True, 0  # what follows is the next request
+        if self._gate is not None:
+            self._gate.waiting(self)
 
     def _stop_clock(self, which: str) -> None:
         clock = self._clocks.pop(which, None)
@@ -182,7 +225,10 @@ class _BoundedRequests:
                 cycle.disconnected = True
                 cycle.message_event.set()
         if answer:
-            self.transport.write(_plain_answer(status, self.server_state.default_headers))
+            headers = self.server_state.default_headers
+            if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                headers = [*headers, (b"retry-after", b"1")]
+            self.transport.write(_plain_answer(status, headers))
         self.transport.close()
 
     def _queued(self) -> bool:
@@ -324,12 +370,51 @@ class FrozenAfterStartup(uvicorn.Server):
     engine and listener) is left out of the collector's full passes, which
     otherwise walk all of it and stall every open event stream meanwhile
     (one was seen taking ~0.7 s on a loaded machine; docs/performance.md §13),
-    and whose full passes come seldom (:data:`GC_THRESHOLDS`)."""
+    and whose full passes come seldom (:data:`GC_THRESHOLDS`).
+
+    Given a ``gate``, it accepts no more connections than the gate's bound
+    (``ingest.connections``): its host and port are listened on by a
+    :class:`~ingest.connections.GatedListener` instead of the event loop's
+    server, which accepts whatever comes until the descriptors run out."""
+
+    def __init__(self, config: Config, *, gate: ConnectionGate | None = None) -> None:
+        super().__init__(config)
+        self.gate = gate
 
     async def startup(self, sockets: Any = None) -> None:
-        await super().startup(sockets=sockets)
+        if self.gate is None or sockets is not None or self.config.uds or self.config.fd:
+            await super().startup(sockets=sockets)
+        else:
+            await self._gated_startup(self.gate)
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
+
+    async def _gated_startup(self, gate: ConnectionGate) -> None:
+        """uvicorn's startup for a host and a port, with the accept gated."""
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        try:
+            sock = config.bind_socket()  # and logs where it listens, as uvicorn does
+            sock.listen(config.backlog)
+        except (OSError, SystemExit):
+            await self.lifespan.shutdown()
+            sys.exit(STARTUP_FAILURE)
+        listener = GatedListener(sock, create_protocol, gate, _watch)
+        listener.start()
+        self.servers = [listener]  # type: ignore[list-item]  # what shutdown closes
+        self.started = True
+
+
+def _watch(protocol: asyncio.Protocol, gate: ConnectionGate) -> None:
+    protocol.watched_by(gate)  # type: ignore[attr-defined]  # one of PROTOCOLS
 
 
 def main() -> None:
@@ -339,8 +424,15 @@ def main() -> None:
     # stores deliveries without it.
     settings = startup.service_settings()
     config = config_from(sys.argv[1:], settings)
+    # Before anything opens a descriptor it keeps: as many open files as the
+    # hard limit allows, and connections bounded below them (ingest.connections).
+    soft_before, soft, hard = raise_open_files_limit()
+    bound = connection_bound(soft, settings.max_connections)
+    logging.getLogger("uvicorn.error").info(
+        limits_line(soft_before, soft, hard, bound, settings.max_connections)
+    )
     startup.service_ready(settings, through_a_broker_outage=True)
-    server = FrozenAfterStartup(config)
+    server = FrozenAfterStartup(config, gate=ConnectionGate(bound))
     server.run()
     if not server.started:  # as ``uvicorn`` itself exits when it could not start
         sys.exit(STARTUP_FAILURE)

@@ -285,6 +285,16 @@ class Settings(BaseSettings):
         "body (TASKHOOK_MAX_BODY_BYTES) must come at about 1 MB/s.",
     )
 
+    max_connections: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most connections the ingress holds at once (ingest/connections.py); "
+        "past it a connection waits in the listen queue, and at it the connection waiting "
+        "longest for a request head is answered 503 and closed to make room. Unset: the "
+        "soft limit of open files (raised to the hard one at start) less 128 for the "
+        "database, the broker and log files.",
+    )
+
     # --- worker ---------------------------------------------------------------------
     worker_pool: Literal["threads", "prefork", "solo"] = Field(
         default="threads",

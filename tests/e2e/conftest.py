@@ -138,8 +138,8 @@ def start_ingress(
     folder = tmp_path_factory.mktemp("ingress")
     started: list[Ingress] = []
 
-    def start(**env: str) -> Ingress:
-        started.append(Ingress(folder, postgres_url, broker_url, **env))
+    def start(*, preexec_fn: Callable[[], object] | None = None, **env: str) -> Ingress:
+        started.append(Ingress(folder, postgres_url, broker_url, preexec_fn=preexec_fn, **env))
         return started[-1]
 
     try:

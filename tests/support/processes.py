@@ -74,7 +74,15 @@ def wait_until(check: Callable[[], object], *, timeout: float, what: str, logs=(
 class WorkerProcess:
     """One subprocess of ours (a Celery worker, uvicorn) and its log."""
 
-    def __init__(self, name: str, log: Path, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        log: Path,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> None:
         self.name, self.log = name, log
         with log.open("wb") as output:
             self.process = subprocess.Popen(
@@ -84,6 +92,7 @@ class WorkerProcess:
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group: a prefork child is stopped with it
+                preexec_fn=preexec_fn,  # e.g. a limit on open files, set in the child
             )
 
     @property
@@ -182,14 +191,22 @@ def free_port() -> int:
 class Ingress:
     """A real ingress subprocess (``python -m ingest.server``: uvicorn with its bounds)."""
 
-    def __init__(self, folder: Path, database_url: str, broker_url: str, **env: str) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        database_url: str,
+        broker_url: str,
+        *,
+        preexec_fn: Callable[[], object] | None = None,
+        **env: str,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "ingest.server", "--port", str(self.port)]
         args += ["--host", "127.0.0.1", "--no-access-log"]
         environment = worker_environment(database_url, broker_url, **env)
         self.process = WorkerProcess(
-            "uvicorn", folder / f"uvicorn-{self.port}.log", args, environment
+            "uvicorn", folder / f"uvicorn-{self.port}.log", args, environment, preexec_fn=preexec_fn
         )
         wait_until(self._healthy, timeout=READY_TIMEOUT, what="uvicorn", logs=[self.process])
 

@@ -15,6 +15,7 @@ import uvicorn
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from ingest.connections import ConnectionGate
 from ingest.server import (
     GC_THRESHOLDS,
     BoundedH11Protocol,
@@ -200,6 +201,49 @@ def test_the_app_takes_as_long_as_it_takes_once_the_request_has_come(protocol_cl
     reads = [head(200, "/ok", Content_Length="3") + b"abc"]
     wire, _ = exchange(protocol_class, reads, app=App(pause=0.6), then=1.0)
     assert wire.statuses() == [200] and wire.written.endswith(b"3")
+
+
+@pytest.mark.parametrize("protocol_class", PROTOCOLS)
+def test_at_the_bound_the_connection_waiting_longest_for_a_head_is_closed_with_503(
+    protocol_class,
+) -> None:
+    """The gate makes room one connection at a time, oldest waiting first, and
+    never by closing a request being answered."""
+
+    async def run() -> tuple[list[Wire], list[bool]]:
+        config = Config(app=App(pause=0.5), lifespan="off", log_config=None)
+        state, gate = ServerState(), ConnectionGate(bound=3)
+        wires, made = [], []
+        for _ in range(3):
+            protocol = protocol_class(config, state, {}, limits=LIMITS)
+            protocol.watched_by(gate)
+            gate.pending += 1  # as the listener counts an accepted connection
+            wire = Wire()
+            wire.protocol = protocol
+            protocol.connection_made(wire)
+            wires.append(wire)
+        slow_head, answering = wires[:2]
+        slow_head.protocol.data_received(b"POST / HTTP/1.1\r\nHost: test\r\n")
+        answering.protocol.data_received(head(200, "/busy", Content_Length="0"))
+        await asyncio.sleep(0.05)
+        assert gate.full()
+        made.append(gate.make_room())  # the slow head, the oldest
+        made.append(gate.make_room())  # it is still closing: nothing more
+        await asyncio.sleep(0)
+        made.append(gate.make_room())  # not the request being answered: the silent one
+        await asyncio.sleep(0)
+        made.append(gate.make_room())  # only the request being answered is left
+        await asyncio.sleep(0.6)
+        for wire in wires:
+            if not wire.closed:
+                wire.protocol.connection_lost(ConnectionResetError())
+        return wires, made
+
+    (slow_head, answering, silent), made = asyncio.run(run())
+    assert made == [True, True, True, False]
+    assert slow_head.statuses() == [503] and b"retry-after: 1\r\n" in slow_head.written
+    assert silent.statuses() == [503]
+    assert answering.statuses() == [200]
 
 
 def test_the_launcher_serves_the_bounded_protocols_where_the_settings_say() -> None:
