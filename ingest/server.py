@@ -428,10 +428,11 @@ def main() -> None:
     # hard limit allows, and connections bounded below them (ingest.connections).
     soft_before, soft, hard = raise_open_files_limit()
     bound = connection_bound(soft, settings.max_connections)
+    startup.service_ready(settings, through_a_broker_outage=True)
+    # Said once the start is sure: a process that cannot start says one line only.
     logging.getLogger("uvicorn.error").info(
         limits_line(soft_before, soft, hard, bound, settings.max_connections)
     )
-    startup.service_ready(settings, through_a_broker_outage=True)
     server = FrozenAfterStartup(config, gate=ConnectionGate(bound))
     server.run()
     if not server.started:  # as ``uvicorn`` itself exits when it could not start
