@@ -7,6 +7,7 @@ bodies (``ingest.webhooks``), and the server bounds headers and slow senders.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -14,11 +15,22 @@ from collections.abc import Callable
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+log = logging.getLogger(__name__)
+
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes is answered 413
-    before the app reads it whole (by its Content-Length when it has one, else
-    as it streams). Paths starting with one of ``exempt`` keep their own limit."""
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413,
+    and logged in one line, before the app sees any of it: by its
+    Content-Length when it has one, else as it streams. Paths starting with
+    one of ``exempt`` keep their own limit.
+
+    A body is read here, up to the limit, and handed to the app whole: a
+    refusal raised out of the app's own reads was the app's to answer, and
+    MCP's (a Starlette app of its own) answered it 500, with nothing logged.
+    Every app behind this reads its whole body anyway, so none holds more
+    than before; but MCP's bearer check, which used to refuse an anonymous
+    caller before its body was read, now comes after it, as the REST API's
+    always did."""
 
     def __init__(self, app: ASGIApp, *, limit: int, exempt: tuple[str, ...]) -> None:
         self.app = app
@@ -37,32 +49,42 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         if declared.isdigit() and int(declared) > self.limit:
-            await self._too_large(send)
+            await self._too_large(scope, send, "by its Content-Length")
             return
+        chunks: list[bytes] = []
         seen = 0
-        answered = False
-
-        async def counted() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client left before its body ended: no one to answer
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.limit:
+                await self._too_large(scope, send, "as it streamed")
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        chunks.clear()
+        handed = False
 
-        async def watching(message: Message) -> None:
-            nonlocal answered
-            answered = answered or message["type"] == "http.response.start"
-            await send(message)
+        async def replayed() -> Message:
+            nonlocal handed
+            if handed:
+                return await receive()  # after the body: a disconnect, as before
+            handed = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-        try:
-            await self.app(scope, counted, watching)
-        except _TooLarge:
-            if not answered:
-                await self._too_large(send)
+        await self.app(scope, replayed, send)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, scope: Scope, send: Send, found: str) -> None:
+        log.warning(
+            "413 for %s %r: its request body is over the %d-byte limit (found %s)",
+            scope["method"],
+            scope["path"],
+            self.limit,
+            found,
+        )
         body = json.dumps({"error": f"request body over the {self.limit}-byte limit"}).encode()
         await send(
             {
@@ -75,10 +97,6 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    """Raised out of ``receive`` once a streamed body passes the limit."""
 
 
 class StreamsFull(Exception):

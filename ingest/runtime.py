@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from ingest.notifications import EventListener
 
 _MAX_CACHED_SOURCES = 1000
+#: Names no enabled source answers to, remembered at once; past this many the
+#: least lately asked for goes first.
+_MAX_UNKNOWN_SOURCES = 1000
 #: Deliveries this process stored lately, kept to answer their redeliveries.
 _RECENT_DELIVERIES = 10_000
 #: Store calls at once when the pool does not say its size (SQLite's pool, say).
@@ -61,6 +65,10 @@ class IngressRuntime:
     #: The event streams open on this process (``ingest.limits``).
     streams: StreamSlots
     _sources: dict[tuple[str, str], tuple[float, VerifyingSource]] = field(default_factory=dict)
+    #: (provider, the name's sha256) -> until when the name is known to be no
+    #: enabled source's; least lately asked for first. A digest, not the name:
+    #: a name is as long as a request's head allows.
+    _unknown: OrderedDict[tuple[str, bytes], float] = field(default_factory=OrderedDict, repr=False)
     #: Each source's share of the live lane (``models.broker.lanes``); built
     #: from the settings after the fields above.
     flood_gate: FloodGate = field(init=False, repr=False)
@@ -140,18 +148,38 @@ class IngressRuntime:
     async def verifying_source(self, provider: str, slug: str) -> VerifyingSource | None:
         """The enabled source and its active secrets. Cached for
         ``source_cache_seconds``, so a hot webhook costs no extra query; a
-        disabled source or a rotated secret takes effect within that time."""
+        disabled source or a rotated secret takes effect within that time.
+
+        So is the answer that there is no such source, in a cache of its own:
+        a name nobody registered, posted to again and again, costs one query
+        per ``source_cache_seconds``, not one per request; a source added or
+        enabled under that name is taken within that time."""
         key = (provider, slug)
         now = time.monotonic()
         cached = self._sources.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
+        unknown = (provider, hashlib.sha256(slug.encode("utf-8", "surrogatepass")).digest())
+        known_unknown_until = self._unknown.get(unknown)
+        if known_unknown_until is not None and known_unknown_until > now:
+            self._unknown.move_to_end(unknown)
+            return None
         source = await self.in_store_thread(self._load_source, provider, slug)
-        # Only known sources are cached: random slugs must not grow the cache.
-        if source is not None and self.settings.source_cache_seconds > 0:
-            if len(self._sources) >= _MAX_CACHED_SOURCES:
-                self._sources.clear()
-            self._sources[key] = (now + self.settings.source_cache_seconds, source)
+        seconds = self.settings.source_cache_seconds
+        if seconds <= 0:
+            return source
+        if source is None:
+            # Bounded apart from the known sources: random names must not grow
+            # either cache, nor push a known source out.
+            self._unknown[unknown] = now + seconds
+            self._unknown.move_to_end(unknown)
+            while len(self._unknown) > _MAX_UNKNOWN_SOURCES:
+                self._unknown.popitem(last=False)
+            return source
+        self._unknown.pop(unknown, None)
+        if len(self._sources) >= _MAX_CACHED_SOURCES:
+            self._sources.clear()
+        self._sources[key] = (now + seconds, source)
         return source
 
     def record(self, incoming: IncomingDelivery) -> Recorded:

@@ -179,8 +179,9 @@ class Settings(BaseSettings):
     source_cache_seconds: float = Field(
         default=5.0,
         ge=0,
-        description="How long the ingress reuses a source's secrets before reading them "
-        "again; a disabled source or a retired secret takes effect within this time.",
+        description="How long the ingress reuses what it read of a source -- its secrets, "
+        "or that no enabled source has the name -- before reading it again; a source "
+        "added, enabled or disabled, or a retired secret, takes effect within this time.",
     )
     retry_after_seconds: int = Field(
         default=5, ge=1, description="Retry-After of a 503 while the database is unreachable."

@@ -1,6 +1,6 @@
 """What a caller with a token can make a real ingress hold open: event
 streams up to a cap per token and in all, MCP's idle GET stream for a while,
-and REST bodies up to a size (docs/reliability.md, "Hostile input")."""
+and REST and MCP bodies up to a size (docs/reliability.md, "Hostile input")."""
 
 from __future__ import annotations
 
@@ -156,6 +156,42 @@ def test_a_rest_body_over_the_limit_is_413_before_it_is_read(ingress: Caller):
     assert response.json() == {"error": f"request body over the {API_BODY}-byte limit"}
     assert streamed.status_code == 413
     assert within.status_code == 200, within.text
+
+
+def test_a_chunked_mcp_body_over_the_limit_is_413_and_logged(ingress: Caller, tmp_path: Path):
+    """No Content-Length: the limit is found as the body streams in. The MCP
+    layer reads the body itself, and once answered it with a 500 and no line."""
+    call = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_task",'
+
+    def chunks():
+        yield call + b' "arguments": {"title": "t", "description": "'
+        for _ in range(API_BODY // 1024 + 1):
+            yield b"d" * 1024
+        yield b'"}}}'
+
+    mcp_headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    response = httpx.post(
+        f"{ingress.base}/mcp/", content=chunks(), headers=ingress.headers(**mcp_headers)
+    )
+    # The ingress still serves MCP calls within the limit.
+    within = httpx.post(
+        f"{ingress.base}/mcp/",
+        content=call + b' "arguments": {"title": "t"}}}',
+        headers=ingress.headers(**mcp_headers),
+    )
+
+    assert response.status_code == 413, response.text
+    assert response.json() == {"error": f"request body over the {API_BODY}-byte limit"}
+    assert within.status_code == 200, within.text
+    assert within.json()["result"]["isError"] is False, within.text
+    (log,) = tmp_path.glob("uvicorn-*.log")
+    lines = log.read_text().splitlines()
+    refused = [line for line in lines if "over the" in line and "/mcp/" in line]
+    assert len(refused) == 1 and "POST" in refused[0], lines
+    assert not [line for line in lines if "Error handling POST request" in line], lines
 
 
 def test_a_rest_body_nested_too_deep_is_400(ingress: Caller):

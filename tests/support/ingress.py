@@ -118,7 +118,7 @@ def open_ingress(store: Store, **settings: object) -> Iterator[Ingress]:
 
 
 def settings_for(url: str, **overrides) -> Settings:
-    return Settings(database_url=url, source_cache_seconds=0, **overrides)
+    return Settings(**({"database_url": url, "source_cache_seconds": 0} | overrides))
 
 
 def wait_until(condition, timeout: float = 5.0) -> None:
