@@ -313,8 +313,11 @@ def archive(request: Request, principal: Authenticated, task_id: Id) -> TaskRead
     )
 
 
-@router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(404))
+@router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(403, 404))
 def delete(request: Request, principal: Authenticated, task_id: Id) -> Response:
-    """Delete the task. Its external_id is free again: a later create makes a new task."""
+    """Delete the task. Its external_id is free again: a later create makes a new task.
+    Audited (the token's name and role, the time, the identity freed). A
+    workspace may reserve deletes to operators: a member token then gets 403
+    and nothing is deleted."""
     in_session(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
     return Response(status_code=204)

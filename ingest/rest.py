@@ -44,6 +44,7 @@ STATUS_OF_KIND: dict[ErrorKind, int] = {
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.INVALID: 400,
     ErrorKind.CONFLICT: 409,
+    ErrorKind.FORBIDDEN: 403,
     # Not the caller's to fix: answered like any failure of the service, so
     # the caller retries once an operator has fixed the workspace.
     ErrorKind.MISCONFIGURED: 503,

@@ -17,14 +17,18 @@ class Caller:
     #: The workspaces this caller may touch; ``None`` means every workspace
     #: (trusted in-process callers: the worker, the operator CLI).
     workspace_ids: frozenset[int] | None
+    #: Acting with an operator's role: a token's role, or a trusted
+    #: in-process caller. What a workspace may reserve to operators (a
+    #: delete, ``models.tasks.delete_task``) asks this.
+    operator: bool = False
 
     @classmethod
     def trusted(cls, name: str) -> Caller:
-        return cls(name=name, workspace_ids=None)
+        return cls(name=name, workspace_ids=None, operator=True)
 
     @classmethod
-    def of_workspaces(cls, name: str, *workspace_ids: int) -> Caller:
-        return cls(name=name, workspace_ids=frozenset(workspace_ids))
+    def of_workspaces(cls, name: str, *workspace_ids: int, operator: bool = False) -> Caller:
+        return cls(name=name, workspace_ids=frozenset(workspace_ids), operator=operator)
 
     def may_access(self, workspace_id: int) -> bool:
         return self.workspace_ids is None or workspace_id in self.workspace_ids

@@ -28,6 +28,10 @@ class ErrorKind(enum.Enum):
     #: a full WIP step, a holder that changed, a delivery not in a replayable
     #: state, a lease a newer attempt took over.
     CONFLICT = "conflict"
+    #: The caller may see what the request names, but its role may not do
+    #: this there (a member's delete where the workspace reserves deletes to
+    #: operators). Sent again with an operator's token, it succeeds.
+    FORBIDDEN = "forbidden"
     #: The store's own setup is wrong (a workspace without workflow steps):
     #: not the caller's mistake, and only an operator can fix it.
     MISCONFIGURED = "misconfigured"
@@ -297,6 +301,23 @@ class LeaseTakenOver(TaskStoreError):
             f"delivery {lease.delivery_pk}: attempt {lease.attempt} was taken over by a newer one"
         )
         self.lease = lease
+
+
+# --- forbidden -------------------------------------------------------------------------
+
+
+class DeleteReserved(TaskStoreError, PermissionError):
+    """The workspace reserves deletes to operators, and a member asked:
+    nothing was deleted (``taskhook workspace deletes``)."""
+
+    kind = ErrorKind.FORBIDDEN
+
+    def __init__(self, workspace: str) -> None:
+        super().__init__(
+            f"workspace {workspace} reserves deleting tasks to operators: "
+            "ask one, or archive the task instead"
+        )
+        self.workspace = workspace
 
 
 # --- misconfigured ---------------------------------------------------------------------

@@ -50,6 +50,7 @@ from models.tables import (
     IdentityRelease,
     SourceSecret,
     Task,
+    TaskDeletion,
     TaskEvent,
     TaskSource,
     WebhookSource,
@@ -497,10 +498,34 @@ class ReleaseView:
 
 @dataclass(frozen=True)
 class DeletedTaskView:
-    """A task that held the identity and was deleted: only its events remain."""
+    """A task that held the identity and was deleted: its events remain, and
+    the delete's audit row (none for a delete made before it was kept)."""
 
     id: int
     created_at: datetime | None
+    deleted_at: datetime
+    #: Who deleted it (the token's name) and the token's role; None for a
+    #: delete older than its audit (migration 0023).
+    deleted_by: str | None = None
+    role: str | None = None
+
+    @property
+    def by(self) -> str:
+        """``alice (member)``, or ``unknown`` for a delete without an audit row."""
+        return "unknown" if self.deleted_by is None else f"{self.deleted_by} ({self.role})"
+
+
+@dataclass(frozen=True)
+class DeletionView:
+    """One delete's audit row (``task_deletions``)."""
+
+    id: int
+    workspace: str
+    task_id: int
+    identifier: str
+    external_id: str | None
+    operator: str
+    role: str
     deleted_at: datetime
 
 
@@ -701,9 +726,58 @@ def _deleted_holders(
             created.setdefault(task_id, (at, position))
         elif kind == EventType.DELETED.value:
             deleted[task_id] = (at, position)
+    audits = (
+        {
+            row.task_id: row
+            for row in session.scalars(
+                select(TaskDeletion).where(
+                    TaskDeletion.workspace_id == workspace_id,
+                    TaskDeletion.task_id.in_(list(deleted)),
+                )
+            )
+        }
+        if deleted
+        else {}
+    )
     return [
-        DeletedTaskView(id=task_id, created_at=created.get(task_id, (None, 0))[0], deleted_at=at)
+        DeletedTaskView(
+            id=task_id,
+            created_at=created.get(task_id, (None, 0))[0],
+            deleted_at=at,
+            deleted_by=audits[task_id].operator if task_id in audits else None,
+            role=audits[task_id].role if task_id in audits else None,
+        )
         for task_id, (at, _) in sorted(deleted.items(), key=lambda item: item[1][1])
+    ]
+
+
+def list_deletions(
+    *, session: Session, workspace_slug: str | None = None, limit: int = 100
+) -> list[DeletionView]:
+    """The deletes' audit rows, newest first: of one workspace, or of all.
+    Raises :class:`WorkspaceNotAccessible` for an unknown slug."""
+    query = (
+        select(TaskDeletion, Workspace.slug)
+        .join(Workspace, Workspace.id == TaskDeletion.workspace_id)
+        .order_by(TaskDeletion.deleted_at.desc(), TaskDeletion.id.desc())
+        .limit(limit)
+    )
+    if workspace_slug is not None:
+        query = query.where(
+            TaskDeletion.workspace_id == get_workspace(session=session, slug=workspace_slug).id
+        )
+    return [
+        DeletionView(
+            row.id,
+            slug,
+            row.task_id,
+            row.identifier,
+            row.external_id,
+            row.operator,
+            row.role,
+            row.deleted_at,
+        )
+        for row, slug in session.execute(query)
     ]
 
 
@@ -838,7 +912,12 @@ def timeline(found: Lineage) -> list[LineageEvent]:
         add(task.archived_at, 3, f"task {task.identifier} archived", "keeps its identity")
     for gone in found.deleted_holders:
         add(gone.created_at, 1, f"task {gone.id} created", "deleted since; its row is gone")
-        add(gone.deleted_at, 3, f"task {gone.id} deleted", "the identity was free again")
+        add(
+            gone.deleted_at,
+            3,
+            f"task {gone.id} deleted",
+            f"by {gone.by}; the identity was free again",
+        )
     for release in found.releases:
         who = found.identifier_of(release.task_id)
         add(

@@ -107,6 +107,11 @@ class Workspace(Base):
     # advances it, so a deduplicated create never burns a number.
     task_sequence: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: Only an operator token may delete the workspace's tasks
+    #: (``taskhook workspace deletes``); off, a member token may too.
+    deletes_need_operator: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=text("false")
+    )
 
 
 class WorkflowStep(Base):
@@ -207,6 +212,33 @@ class IdentityRelease(Base):
     operator: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str] = mapped_column(Text)
     released_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TaskDeletion(Base):
+    """The audit row of one task's delete: who deleted it, when, and the
+    identity the delete freed (models.tasks.delete_task writes it in the
+    delete's own transaction).
+
+    ``task_id`` is deliberately not a foreign key: the row is about a task
+    that is gone.
+    """
+
+    __tablename__ = "task_deletions"
+    __table_args__ = (Index("ix_task_deletions_task_id", "task_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(Integer)
+    #: The task's identifier (``ACME-12``), kept since its row is gone.
+    identifier: Mapped[str] = mapped_column(String(40))
+    #: The identity the delete freed; None for a task that held none (a
+    #: REST create without one, or one whose identity was released before).
+    external_id: Mapped[str | None] = mapped_column(ExternalIdText)
+    #: Who deleted it: the token's name.
+    operator: Mapped[str] = mapped_column(String(200))
+    #: The token's role (``member`` or ``operator``).
+    role: Mapped[str] = mapped_column(String(16))
+    deleted_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Identity(Base):

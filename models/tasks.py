@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from models.access import Caller
 from models.db import transaction
 from models.errors import (
+    DeleteReserved,
     HolderChanged,
     IdentityRetired,
     InvalidExternalId,
@@ -58,6 +59,7 @@ from models.tables import (
     Base,
     IdentityRelease,
     Task,
+    TaskDeletion,
     TaskSource,
     WorkflowStep,
     Workspace,
@@ -695,9 +697,21 @@ def archive_task(*, session: Session, caller: Caller, task_id: int) -> Task:
     return task
 
 
-def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
-    """Delete the task; its external id goes with the row and is free again."""
-    get_task(session=session, caller=caller, task_id=task_id)
+def delete_task(*, session: Session, caller: Caller, task_id: int) -> TaskDeletion:
+    """Delete the task; its external id goes with the row and is free again.
+
+    The one delete every surface calls. It writes the audit row -- who
+    (``caller.name``, and the caller's role), when, the task and the
+    identity it freed -- in the delete's own transaction, as a release does
+    (docs/contract.md §11). Raises :class:`TaskNotFound` (also for a task the
+    caller may not see), then :class:`DeleteReserved` when the task's
+    workspace reserves deletes to operators and ``caller`` is not one:
+    nothing is deleted.
+    """
+    workspace_id = get_task(session=session, caller=caller, task_id=task_id).workspace_id
+    workspace = session.get(Workspace, workspace_id)
+    if workspace is not None and workspace.deletes_need_operator and not caller.operator:
+        raise DeleteReserved(workspace.slug)
     # Held, so that a settlement cannot commit between the check below and
     # the delete: the task.created event comes exactly once either way.
     task = _held_until_commit(session, task_id)
@@ -708,8 +722,23 @@ def delete_task(*, session: Session, caller: Caller, task_id: int) -> None:
     # The ledger keeps the names: a scan never brings the item back
     # (docs/contract.md §15, "The identity ledger").
     task_became(session, task=task, state=IdentityState.DELETED)
+    audit = TaskDeletion(
+        workspace_id=task.workspace_id,
+        task_id=task.id,
+        identifier=task.identifier,
+        external_id=task.external_id,
+        operator=caller.name,
+        role=DELETED_BY_OPERATOR if caller.operator else DELETED_BY_MEMBER,
+    )
+    session.add(audit)
     session.delete(task)
     session.flush()
+    return audit
+
+
+#: ``task_deletions.role``: the role of the token that deleted the task.
+DELETED_BY_OPERATOR = "operator"
+DELETED_BY_MEMBER = "member"
 
 
 def _held_until_commit(session: Session, task_id: int) -> Task | None:

@@ -107,11 +107,12 @@ def principal_of(*, session: Session, record: ApiToken) -> Principal:
     workspaces = session.scalars(
         select(ApiTokenWorkspace.workspace_id).where(ApiTokenWorkspace.token_id == record.id)
     )
+    role = Role(record.role)
     return Principal(
         token_id=record.id,
         name=record.name,
-        role=Role(record.role),
-        caller=Caller.of_workspaces(record.name, *workspaces),
+        role=role,
+        caller=Caller.of_workspaces(record.name, *workspaces, operator=role is Role.OPERATOR),
     )
 
 

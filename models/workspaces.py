@@ -122,3 +122,13 @@ def set_wip_limit(
     step.wip_limit = wip_limit
     session.flush()
     return step
+
+
+def reserve_deletes(*, session: Session, workspace: Workspace, to_operators: bool) -> bool:
+    """Reserve deleting the workspace's tasks to operator tokens, or let
+    member tokens delete too; enforced by ``models.tasks.delete_task``.
+    Answers whether the setting changed."""
+    changed = workspace.deletes_need_operator != to_operators
+    workspace.deletes_need_operator = to_operators
+    session.flush()
+    return changed

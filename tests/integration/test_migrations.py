@@ -98,6 +98,7 @@ def test_postgres_external_id_columns_use_the_c_collation(postgres_store: Store)
     assert collations == {
         "tasks.external_id": "C",
         "identity_releases.external_id": "C",
+        "task_deletions.external_id": "C",
         "task_events.external_id": "C",
         "deliveries.external_id": "C",
     }
@@ -301,3 +302,27 @@ def test_0019_moves_live_own_names_onto_the_tasks_and_keeps_their_creators(
             ("external", "gh-issue/a/old#1", 1, "held", True),
             ("stable", "github:node-1", 1, "held", False),
         ]
+
+
+def test_0023_lets_members_of_existing_workspaces_delete_as_before(empty_engine: Engine):
+    with empty_engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0022")
+        connection.execute(
+            text(
+                "INSERT INTO workspaces (id, slug, name, task_prefix, created_at) "
+                "VALUES (1, 'acme', 'Acme', 'ACME', CURRENT_TIMESTAMP)"
+            )
+        )
+    with empty_engine.begin() as connection:
+        upgrade_to_head(connection)
+
+    with empty_engine.connect() as connection:
+        reserved = connection.execute(text("SELECT deletes_need_operator FROM workspaces")).one()
+    assert bool(reserved[0]) is False
+    assert "task_deletions" in tables_of(empty_engine)
+
+    with empty_engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0022")
+    columns = {column["name"] for column in inspect(empty_engine).get_columns("workspaces")}
+    assert "deletes_need_operator" not in columns
+    assert "task_deletions" not in tables_of(empty_engine)

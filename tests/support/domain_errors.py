@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from models.errors import (
+    DeleteReserved,
     DeliveryNotFound,
     DeliveryRefused,
     ExternalIdHasControlCharacter,
@@ -46,6 +47,7 @@ SAMPLES: dict[type[TaskStoreError], TaskStoreError] = {
     TokenNotFound: TokenNotFound(9),
     OperationNotFound: OperationNotFound(4),
     MergeNotFound: MergeNotFound(5),
+    DeleteReserved: DeleteReserved("acme"),
     InvalidTask: InvalidTask("title is required"),
     InvalidRelease: InvalidRelease("a release must give a reason"),
     InvalidSource: InvalidSource("a signing secret cannot be empty"),

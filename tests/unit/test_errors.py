@@ -75,6 +75,7 @@ def test_the_rest_table_answers_every_kind():
         ErrorKind.NOT_FOUND: 404,
         ErrorKind.INVALID: 400,
         ErrorKind.CONFLICT: 409,
+        ErrorKind.FORBIDDEN: 403,
         ErrorKind.MISCONFIGURED: 503,
     }
 

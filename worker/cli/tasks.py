@@ -1,5 +1,5 @@
-"""Tasks and identities: ``taskhook task lookup``, ``task archive``, ``explain`` and
-``release``."""
+"""Tasks and identities: ``taskhook task lookup``, ``task archive``, ``task
+deletions``, ``explain`` and ``release``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ from sqlalchemy.orm import Session
 from models.access import Caller
 from models.broker.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
 from models.inbox import DeliveryStatus
-from models.reports import Lineage, TaskView, get_workspace, lineage, task_named, timeline
+from models.reports import (
+    Lineage,
+    TaskView,
+    get_workspace,
+    lineage,
+    list_deletions,
+    task_named,
+    timeline,
+)
 from models.tables import MAX_ROW_ID, Task, WorkflowStep, utcnow
 from models.tasks import MAX_RELEASE_REASON_LENGTH, archive_task, clean_release_text
 
@@ -288,6 +296,41 @@ def task_archive(
     )
 
 
+@task.command("deletions")
+@click.option("--workspace", "workspace_slug", default=None, help="Workspace slug [every one].")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@json_option
+@pass_runtime
+def task_deletions(
+    runtime: CommandRuntime, workspace_slug: str | None, limit: int, as_json: bool
+) -> None:
+    """The audit of deleted tasks, newest first: who deleted which task, when,
+    and the external id the delete freed (as `explain` shows a release).
+
+    Deletes come through the REST API (DELETE /api/v1/tasks/ID); `taskhook
+    workspace deletes SLUG --operators-only` reserves them to operator tokens."""
+    with runtime.session() as session:
+        found = list_deletions(session=session, workspace_slug=workspace_slug, limit=limit)
+    if as_json:
+        emit_json({"deletions": [asdict(row) for row in found]})
+        return
+    print_table(
+        ("DELETED (UTC)", "WORKSPACE", "TASK", "EXTERNAL ID", "BY", "ROLE"),
+        (
+            (
+                row.deleted_at,
+                row.workspace,
+                f"{row.identifier} ({row.task_id})",
+                row.external_id or "-",
+                row.operator,
+                row.role,
+            )
+            for row in found
+        ),
+        empty="No task deleted since deletes were audited.",
+    )
+
+
 @click.command("explain")
 @workspace_option
 @click.argument("external_id")
@@ -343,8 +386,8 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
     for gone in found.deleted_holders:
         touched = ", ".join(str(d.id) for d in found.deliveries_of(gone.id)) or "none"
         click.echo(
-            f"Deleted: task {gone.id} held it until {format_when(gone.deleted_at)} "
-            f"(deliveries that touched it: {touched})."
+            f"Deleted: task {gone.id} held it until {format_when(gone.deleted_at)}, "
+            f"deleted by {gone.by} (deliveries that touched it: {touched})."
         )
     holder = found.holder
     if holder is not None and holder.external_id != found.external_id:

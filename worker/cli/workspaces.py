@@ -16,6 +16,7 @@ from models.workspaces import (
     checked_slug,
     create_workspace,
     find_step,
+    reserve_deletes,
     set_wip_limit,
 )
 from worker.cli.output import emit_json, json_option, print_table
@@ -155,6 +156,43 @@ def workspace_wip(
         now = "no WIP limit" if limit is None else f"a WIP limit of {limit}"
         click.echo(f"Step {step_name!r} of workspace {slug} has {now} now.")
     _print_steps(shown)
+
+
+@workspace.command("deletes")
+@click.argument("slug")
+@click.option(
+    "--operators-only",
+    "to_operators",
+    flag_value=True,
+    default=None,
+    help="Only operator tokens may delete the workspace's tasks; a member's delete is 403.",
+)
+@click.option(
+    "--members-too",
+    "to_operators",
+    flag_value=False,
+    help="Member tokens may delete the workspace's tasks too (the default).",
+)
+@json_option
+@pass_runtime
+def workspace_deletes(
+    runtime: CommandRuntime, slug: str, to_operators: bool | None, as_json: bool
+) -> None:
+    """Show who may delete workspace SLUG's tasks, or set it.
+
+    Every delete is audited either way (`taskhook task deletions`); a delete
+    frees the task's external id as a release does."""
+    with runtime.session() as session:
+        found = get_workspace(session=session, slug=slug)
+        changed = to_operators is not None and reserve_deletes(
+            session=session, workspace=found, to_operators=to_operators
+        )
+        operators_only = found.deletes_need_operator
+    if as_json:
+        emit_json({"workspace": slug, "changed": changed, "deletes_need_operator": operators_only})
+        return
+    who = "operator tokens only" if operators_only else "member and operator tokens"
+    click.echo(f"Tasks of workspace {slug} may be deleted by {who}{' now' if changed else ''}.")
 
 
 def _print_steps(steps: list[StepSummary]) -> None:

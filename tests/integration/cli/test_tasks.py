@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
+from models.access import Caller
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.tables import Delivery, utcnow
-from models.tasks import CreateHooks, NewTask, create_task, release_external_id
+from models.tasks import CreateHooks, NewTask, create_task, delete_task, release_external_id
 from tests.support.cli import RELEASE, as_json, refused, taskhook
 from tests.support.scenarios import (
     EXTERNAL_ID,
@@ -369,3 +370,56 @@ def test_task_archive_refuses_what_names_no_single_task_in_one_line(store: Store
         "SELECT t.id FROM tasks t JOIN workspaces w ON w.id = t.workspace_id WHERE w.slug = 'beta'"
     )
     assert store.scalar("SELECT count(*) FROM tasks WHERE archived_at IS NOT NULL") == 1
+
+
+def test_task_deletions_and_explain_show_who_deleted_a_task(store: Store):
+    acme = store.workspace()
+    member = Caller.of_workspaces("alice-token", acme.id)
+    with session_scope(store.sessions) as session:
+        created = create_task(
+            session=session,
+            caller=TRUSTED,
+            workspace_id=acme.id,
+            new=NewTask(title="Gone", external_id="jira:DEL-1"),
+        )
+        delete_task(session=session, caller=member, task_id=created.task.id)
+    task_id = created.task.id
+
+    listed = taskhook(store, "task", "deletions", "--workspace", "acme")
+    rows = as_json(taskhook(store, "task", "deletions", "--json"))["deletions"]
+    explained = taskhook(store, "explain", "--workspace", "acme", "jira:DEL-1")
+    gone = as_json(taskhook(store, "explain", "--workspace", "acme", "jira:DEL-1", "--json"))
+
+    assert listed.exit_code == 0, listed.output
+    header, row = listed.stdout.splitlines()
+    assert header.split() == [
+        "DELETED",
+        "(UTC)",
+        "WORKSPACE",
+        "TASK",
+        "EXTERNAL",
+        "ID",
+        "BY",
+        "ROLE",
+    ]
+    assert row.split()[2:] == [
+        "acme",
+        "ACME-1",
+        f"({task_id})",
+        "jira:DEL-1",
+        "alice-token",
+        "member",
+    ]
+    assert [(r["task_id"], r["operator"], r["role"], r["external_id"]) for r in rows] == [
+        (task_id, "alice-token", "member", "jira:DEL-1")
+    ]
+    assert "deleted by alice-token (member)" in explained.stdout
+    assert (gone["deleted_holders"][0]["deleted_by"], gone["deleted_holders"][0]["role"]) == (
+        "alice-token",
+        "member",
+    )
+
+
+def test_task_deletions_of_an_unknown_workspace_is_one_line(store: Store):
+    line = refused(taskhook(store, "task", "deletions", "--workspace", "nope"))
+    assert line == "Error: workspace 'nope' not found"

@@ -97,3 +97,27 @@ def test_a_wip_limit_is_never_negative_whoever_sets_it(store: Store):
     acme = store.workspace()
     with session_scope(store.sessions) as session, pytest.raises(InvalidWorkspace):
         set_wip_limit(session=session, workspace_id=acme.id, step_name=None, wip_limit=-1)
+
+
+def test_workspace_deletes_shows_then_reserves_and_lifts_deletes(store: Store):
+    store.workspace("acme")
+
+    shown = taskhook(store, "workspace", "deletes", "acme")
+    reserved = taskhook(store, "workspace", "deletes", "acme", "--operators-only")
+    again = as_json(taskhook(store, "workspace", "deletes", "acme", "--operators-only", "--json"))
+    stored = store.scalar("SELECT deletes_need_operator FROM workspaces")
+    lifted = as_json(taskhook(store, "workspace", "deletes", "acme", "--members-too", "--json"))
+
+    assert shown.stdout == "Tasks of workspace acme may be deleted by member and operator tokens.\n"
+    assert (
+        reserved.stdout == "Tasks of workspace acme may be deleted by operator tokens only now.\n"
+    )
+    assert bool(stored) is True
+    assert again == {"workspace": "acme", "changed": False, "deletes_need_operator": True}
+    assert lifted == {"workspace": "acme", "changed": True, "deletes_need_operator": False}
+    assert not store.scalar("SELECT deletes_need_operator FROM workspaces")
+
+
+def test_workspace_deletes_of_an_unknown_workspace_is_one_line(store: Store):
+    line = refused(taskhook(store, "workspace", "deletes", "nope", "--operators-only"))
+    assert line == "Error: workspace 'nope' not found"

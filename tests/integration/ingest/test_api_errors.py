@@ -15,6 +15,7 @@ STATUS = {
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.INVALID: 400,
     ErrorKind.CONFLICT: 409,
+    ErrorKind.FORBIDDEN: 403,
     ErrorKind.MISCONFIGURED: 503,
 }
 

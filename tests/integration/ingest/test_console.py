@@ -470,6 +470,22 @@ def test_release_needs_the_right_holder_a_reason_and_the_typed_id(console: Conso
     assert console.store.scalar("SELECT operator FROM identity_releases") == "acme-operator"
 
 
+def test_the_task_page_shows_who_deleted_a_former_holder(console: Console) -> None:
+    held = _task(console, "jira:DEL-1")
+    deleted = console.client.delete(
+        f"/api/v1/tasks/{held['id']}",
+        headers={"Authorization": f"Bearer {console.tokens['acme-member']}"},
+    )
+    assert deleted.status_code == 204
+    console.sign_in("acme-operator")
+    page = console.client.get("/console/tasks?workspace=acme&external_id=jira:DEL-1")
+    assert page.status_code == 200
+    deletes = page.text[page.text.index('id="deletions"') :]
+    deletes = deletes[: deletes.index("</table>")]
+    assert f"task {held['id']}" in deletes
+    assert '<td class="operator">acme-member (member)</td>' in deletes
+
+
 def test_release_by_another_holder_is_a_conflict(console: Console) -> None:
     first = _task(console, "jira:REL-2")
     other = _task(console, "jira:REL-3")
