@@ -51,19 +51,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_task_deletions"),
     )
     op.create_index("ix_task_deletions_task_id", "task_deletions", ["task_id"])
-    with op.batch_alter_table("workspaces") as workspaces:
-        workspaces.add_column(
-            sa.Column(
-                "deletes_need_operator",
-                sa.Boolean(),
-                nullable=False,
-                server_default=sa.text("false"),
-            )
-        )
+    # Not in a batch: on SQLite a batch recreates the table, and dropping the
+    # old ``workspaces`` cascades to every source and delivery. SQLite adds a
+    # NOT NULL column with a constant default in place.
+    op.add_column(
+        "workspaces",
+        sa.Column("deletes_need_operator", sa.Boolean(), nullable=False, server_default=sa.false()),
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("workspaces") as workspaces:
-        workspaces.drop_column("deletes_need_operator")
+    op.drop_column("workspaces", "deletes_need_operator")  # in place, as it was added
     op.drop_index("ix_task_deletions_task_id", table_name="task_deletions")
     op.drop_table("task_deletions")
