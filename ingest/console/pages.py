@@ -260,8 +260,23 @@ async def sign_in(request: Request) -> Response:
             error="This sign-in form is out of date; sign in again.",
         )
     token = str(form.get("token") or "")
+    limits = auth.sign_in_limits(request)
+    address = auth.client_address(request)
+    if wait := limits.retry_after(address, token):
+        # Refused before the token is checked: else guesses would go on.
+        auth.log_refused(request, None, f"too many wrong tokens, retry after {wait} s")
+        page = _sign_in_page(
+            request,
+            next_path=next_path,
+            status=429,
+            error=f"Too many wrong tokens from here or for this token; try again in {wait} s.",
+        )
+        page.headers["Retry-After"] = str(wait)
+        return page
     started = await run_in_threadpool(auth.sign_in, request, token) if token.strip() else None
     if started is None:
+        limits.failed(address, token)
+        await run_in_threadpool(auth.log_refused, request, token, "not a valid token")
         return _sign_in_page(
             request,
             next_path=next_path,
