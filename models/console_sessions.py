@@ -79,8 +79,9 @@ def start_session(
                 "role": principal.role.value,
                 "address": (address or "unknown")[:_MAX_ADDRESS_LENGTH],
             },
-            # Seen by a token that may see every workspace this one may.
-            scope=sorted(workspaces),
+            # Seen by a token that may see every workspace this one may; one
+            # that sees none any more (they were deleted): by the CLI alone.
+            scope=sorted(workspaces) or None,
             matched=1,
             done=1,
             started_at=now,
