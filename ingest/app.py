@@ -111,7 +111,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     )
     _add_operational_routes(app)
     _add_error_handlers(app, settings)
-    console.install(app)
+    console.install(app, settings)
     if settings.cors_origins:
         # Closed unless origins are listed: then a page of one of them may
         # call the API with its bearer token, and read the event stream.

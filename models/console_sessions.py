@@ -8,6 +8,11 @@ token is revoked (a revoked token's sessions are refused, then deleted).
 
 Each session has its own CSRF token, which every form the console serves
 carries back: an action without it is refused.
+
+Every sign-in is recorded in the operations history (``operations``, kind
+:data:`CONSOLE_SIGN_IN`): who (the token's name, its shown prefix and role),
+when, and from which address; ``taskhook operations list`` and the console's
+operations page show it, within the token's workspaces as for any operation.
 """
 
 from __future__ import annotations
@@ -20,8 +25,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from models.tables import ApiToken, ConsoleSession, utcnow
+from models.tables import ApiToken, ConsoleSession, Operation, utcnow
 from models.tokens import Principal, authenticate, principal_of
+
+#: ``operations.kind`` of a console sign-in.
+CONSOLE_SIGN_IN = "console-sign-in"
+#: The longest client address a sign-in's record keeps.
+_MAX_ADDRESS_LENGTH = 100
+_MAX_NAME_LENGTH = 200
 
 
 @dataclass(frozen=True)
@@ -45,13 +56,38 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def start_session(*, session: Session, token: str, lifetime: timedelta) -> StartedSession | None:
-    """A new session for the holder of ``token``; None when the token is
+def start_session(
+    *, session: Session, token: str, lifetime: timedelta, address: str | None = None
+) -> StartedSession | None:
+    """A new session for the holder of ``token``, signing in from client
+    ``address``, recorded in the operations history; None when the token is
     unknown or revoked. Sessions that ran out are deleted on the way."""
     principal = authenticate(session=session, token=token)
     if principal is None:
         return None
     now = utcnow()
+    record = session.get(ApiToken, principal.token_id)
+    workspaces = principal.caller.workspace_ids or frozenset()
+    session.add(
+        Operation(
+            kind=CONSOLE_SIGN_IN,
+            # operations.name holds 200 characters, as a token's name does.
+            name=f"{principal.name} signed in to the console"[:_MAX_NAME_LENGTH],
+            operator=principal.name,
+            criteria={
+                "token": record.token_prefix if record is not None else "",
+                "role": principal.role.value,
+                "address": (address or "unknown")[:_MAX_ADDRESS_LENGTH],
+            },
+            # Seen by a token that may see every workspace this one may; one
+            # that sees none any more (they were deleted): by the CLI alone.
+            scope=sorted(workspaces) or None,
+            matched=1,
+            done=1,
+            started_at=now,
+            finished_at=now,
+        )
+    )
     session.execute(delete(ConsoleSession).where(ConsoleSession.expires_at <= now))
     started = StartedSession(
         key=secrets.token_urlsafe(32),

@@ -566,16 +566,25 @@ def _said(error: BaseException) -> str:
 
 
 def list_operations(
-    *, session: Session, limit: int = 50, workspace_ids: frozenset[int] | None = None
+    *,
+    session: Session,
+    limit: int = 50,
+    workspace_ids: frozenset[int] | None = None,
+    kinds: Iterable[str] | None = None,
 ) -> list[OperationView]:
     """The history, newest first; with ``workspace_ids``, only the runs that
     could reach nothing else (a run from the CLI could reach every workspace,
-    so a scoped caller never sees it). The history is small and read rarely:
-    the scope is checked here, not in SQL, where JSON differs by database."""
+    so a scoped caller never sees it); with ``kinds``, only those kinds
+    (``bulk-replay``, ``mark-handled``, ``console-sign-in``). The history is
+    small and read rarely: the scope is checked here, not in SQL, where JSON
+    differs by database."""
     if not 1 <= limit <= MAX_OPERATIONS_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_OPERATIONS_PAGE}")
+    query = select(Operation).order_by(Operation.id.desc())
+    if kinds is not None:
+        query = query.where(Operation.kind.in_(sorted(set(kinds))))
     found = []
-    for operation in session.scalars(select(Operation).order_by(Operation.id.desc())):
+    for operation in session.scalars(query):
         if workspace_ids is None or (
             operation.scope is not None and set(operation.scope) <= workspace_ids
         ):

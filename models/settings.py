@@ -257,6 +257,22 @@ class Settings(BaseSettings):
         description="How long a console sign-in lasts (ingest/console); then the browser "
         "signs in again.",
     )
+    console_sign_in_failures: int = Field(
+        default=10,
+        gt=0,
+        le=10_000,
+        description="Wrong tokens the console's sign-in takes from one client address, and "
+        "for one token prefix (its first 10 characters), within "
+        "TASKHOOK_CONSOLE_SIGN_IN_WINDOW_SECONDS; past them it answers 429 with Retry-After, "
+        "whatever the token, until the oldest leaves the window. Counted in each ingress "
+        "process's memory.",
+    )
+    console_sign_in_window_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=24 * 3600,
+        description="The sliding window of TASKHOOK_CONSOLE_SIGN_IN_FAILURES.",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins (https://app.example.com, comma-separated) whose pages may call "

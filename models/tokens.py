@@ -17,6 +17,9 @@ from models.tables import MAX_ROW_ID, ApiToken, ApiTokenWorkspace, Workspace, ut
 from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
 TOKEN_PREFIX = "th_"
+#: How many of a token's first characters are kept and shown (``token_prefix``):
+#: enough for a person to tell tokens apart, public to whoever sees the token list.
+SHOWN_PREFIX_LENGTH = 10
 
 
 class Role(enum.StrEnum):
@@ -81,7 +84,10 @@ def issue_token(
         raise InvalidToken(f"unknown workspace {missing[0]}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     record = ApiToken(
-        name=name, role=role.value, token_sha256=_digest(token), token_prefix=token[:10]
+        name=name,
+        role=role.value,
+        token_sha256=_digest(token),
+        token_prefix=token[:SHOWN_PREFIX_LENGTH],
     )
     session.add(record)
     session.flush()
@@ -100,6 +106,19 @@ def authenticate(*, session: Session, token: str) -> Principal | None:
     if record is None:
         return None
     return principal_of(session=session, record=record)
+
+
+def known_prefix(*, session: Session, token: str) -> str | None:
+    """``token``'s first characters when they are a token's shown prefix
+    (``api_tokens.token_prefix``, public to whoever sees the token list);
+    None otherwise: then they may be part of some other secret."""
+    prefix = token[:SHOWN_PREFIX_LENGTH]
+    if len(prefix) < SHOWN_PREFIX_LENGTH:
+        return None
+    # Compared here, not in SQL: what was typed never becomes a statement's
+    # parameter, which a DEBUG log of the engine would print. Tokens are few.
+    known = set(session.scalars(select(ApiToken.token_prefix)))
+    return prefix if prefix in known else None
 
 
 def principal_of(*, session: Session, record: ApiToken) -> Principal:

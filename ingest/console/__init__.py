@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ingest.console import auth, live, pages  # noqa: F401 (live registers its route)
 from ingest.console.auth import PREFIX, Refused, SignInRequired
 from ingest.rest import console_session_of
+from models.settings import Settings
 
 #: No inline script and no inline style, nothing from another origin, no
 #: framing; forms post only to the console itself.
@@ -49,7 +50,11 @@ def serves(request: Request) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, settings: Settings) -> None:
+    app.state.console_sign_in_limits = auth.SignInLimits(
+        failures=settings.console_sign_in_failures,
+        window_seconds=settings.console_sign_in_window_seconds,
+    )
     app.include_router(pages.router)
     app.mount(
         f"{PREFIX}/static",

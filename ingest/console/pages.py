@@ -22,7 +22,6 @@ tasks, are answered like ones that do not exist.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ingest.console import auth
 from ingest.console.auth import PREFIX, Refused, User
+from ingest.console.body import SHOWN_CHARS, SHOWN_DEPTH, shown_body
 from ingest.rest import STATUS_OF_KIND, console_session_of
 from ingest.runtime import IngressRuntime
 from models.broker.lanes import Sender, lane_of
@@ -260,8 +260,23 @@ async def sign_in(request: Request) -> Response:
             error="This sign-in form is out of date; sign in again.",
         )
     token = str(form.get("token") or "")
+    limits = auth.sign_in_limits(request)
+    address = auth.client_address(request)
+    if wait := limits.retry_after(address, token):
+        # Refused before the token is checked: else guesses would go on.
+        auth.log_refused(request, None, f"too many wrong tokens, retry after {wait} s")
+        page = _sign_in_page(
+            request,
+            next_path=next_path,
+            status=429,
+            error=f"Too many wrong tokens from here or for this token; try again in {wait} s.",
+        )
+        page.headers["Retry-After"] = str(wait)
+        return page
     started = await run_in_threadpool(auth.sign_in, request, token) if token.strip() else None
     if started is None:
+        limits.failed(address, token)
+        await run_in_threadpool(auth.log_refused, request, token, "not a valid token")
         return _sign_in_page(
             request,
             next_path=next_path,
@@ -477,7 +492,7 @@ def delivery(request: Request, user: User, delivery_id: int) -> HTMLResponse:
             "detail": detail,
             "plan": plan,
             "headers": redacted_headers(headers or {}),
-            "body": _pretty(body or b""),
+            "body": shown_body(body or b""),
             "timeline": events,
             "found": found,
         }
@@ -489,17 +504,51 @@ def delivery(request: Request, user: User, delivery_id: int) -> HTMLResponse:
         user,
         page="deliveries",
         replayable=context["detail"].summary.status in REPLAYABLE,
+        shown_kib=SHOWN_CHARS // 1024,
+        shown_depth=SHOWN_DEPTH,
         **context,
     )
 
 
-def _pretty(body: bytes) -> str:
-    """The body as a person reads it: JSON indented, anything else as text."""
-    text = body.decode("utf-8", errors="replace")
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
+#: What a download of a body is served as, by the media type it came with:
+#: only these; anything else is plain bytes.
+_DOWNLOAD_TYPES = {
+    "application/json": "json",
+    "application/x-www-form-urlencoded": "txt",
+    "text/plain": "txt",
+}
+
+
+@router.get("/deliveries/{delivery_id:int}/body")
+def delivery_body(request: Request, user: User, delivery_id: int) -> Response:
+    """The delivery's body byte for byte, as a download: what its page shows
+    only in part (``ingest.console.body``). Seen by whoever sees the page."""
+
+    def work(session: Session) -> tuple[bytes, str | None]:
+        detail = show_delivery(session=session, delivery_pk=delivery_id)
+        if scope_of(session, user).by_slug(detail.workspace) is None:
+            raise Refused(404, f"delivery {delivery_id} not found")
+        if detail.body_dropped:
+            raise Refused(
+                404, f"delivery {delivery_id}: {detail.body_dropped}; nothing to download"
+            )
+        body = session.scalar(select(Delivery.body).where(Delivery.id == delivery_id))
+        return body or b"", detail.content_type
+
+    body, content_type = read(request, work)
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    extension = _DOWNLOAD_TYPES.get(media_type)
+    if extension is None:
+        media_type, extension = "application/octet-stream", "bin"
+    return Response(
+        body,
+        media_type=media_type,
+        headers={
+            "content-disposition": (
+                f'attachment; filename="delivery-{delivery_id}-body.{extension}"'
+            )
+        },
+    )
 
 
 @router.post("/deliveries/{delivery_id:int}/replay")

@@ -369,7 +369,7 @@ def test_bulk_replay_counts_first_then_runs_named(console: Console) -> None:
     assert [console.status_of(d) for d in deliveries[:2]] == ["queued", "queued"]
     history = console.client.get("/console/operations").text
     assert "after the outage" in history and "acme-operator" in history
-    assert console.store.scalar("SELECT matched FROM operations") == 2
+    assert console.store.scalar("SELECT matched FROM operations WHERE kind = 'bulk-replay'") == 2
 
 
 def test_bulk_replay_leaves_out_a_create_whose_task_was_deleted_unless_ticked(
@@ -395,7 +395,9 @@ def test_bulk_replay_leaves_out_a_create_whose_task_was_deleted_unless_ticked(
     assert run.status_code == 303 and statuses_after_run == ["needs_operator", "queued"]
     assert ticked.status_code == 303 and console.status_of(parked) == "queued"
     with console.store.sessions() as session:
-        history = {o.name: o.criteria for o in list_operations(session=session)}
+        history = {
+            o.name: o.criteria for o in list_operations(session=session, kinds=["bulk-replay"])
+        }
     assert history == {"outage": {}, "TES-41 should exist": {"recreate": [parked]}}
     assert wrong.status_code == 400 and "is not a delivery&#39;s id" in wrong.text
 
