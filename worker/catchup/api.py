@@ -19,7 +19,9 @@ request is sent, retried and waited for is written here once.
   Jira Cloud, https://developer.atlassian.com/cloud/jira/platform/rate-limiting/.
 - Every request carries the credential; nothing this module raises, logs or
   prints does, and text the provider sends back is scrubbed of it before it
-  reaches a message.
+  reaches a message: whole, and any run of 8 or more of its characters (a
+  provider may echo part of it), before the text is cut to a quotable length
+  -- so a cut never leaves a piece the scrubbing would not have recognized.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ _RESET_MARGIN_SECONDS = 1.0
 _LONGEST_RATE_LIMIT_WAIT = 86_400.0
 #: What of the provider's own message an error quotes: enough to read, one line.
 _MAX_MESSAGE_CHARS = 200
+#: What stands where a credential, or a piece of one, was.
+SCRUBBED = "[credential]"
+#: The shortest run of a credential's characters scrubbed out of a message that
+#: does not hold it whole: shorter runs are no help to a guesser.
+_SHORTEST_PIECE = 8
 #: Visible ASCII, at most one space (``Bearer x``, ``Basic x``): anything else
 #: would be refused by the HTTP library in an error that quotes the header.
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+(?: [\x21-\x7e]+)?")
@@ -237,7 +244,7 @@ class ApiClient:
         self._sleep(wait)
 
     def _refusal(self, response: httpx.Response, what: str, not_found: NotFound) -> CatchUpError:
-        said = self._scrubbed(service_message(response))
+        said = self._quoted(response)
         status = response.status_code
         if status == 401:
             return BadCredentials(self._unauthorized(what, said))
@@ -248,7 +255,7 @@ class ApiClient:
         if response.is_redirect:
             return UnexpectedResponse(
                 f"{self.service} answered {status} to {what}: it moved to "
-                f"{_moved_to(response)}; update the URL"
+                f"{self._scrubbed(_moved_to(response))}; update the URL"
             )
         return UnexpectedResponse(f"{self.service} answered {status} to {what}: {said}")
 
@@ -261,11 +268,52 @@ class ApiClient:
     def _forbidden(self, what: str, said: str) -> str:
         return f"{self.service} refused {what} (403 {said}): the credential lacks the permission"
 
+    def _quoted(self, response: httpx.Response) -> str:
+        """What the provider said, fit to quote: scrubbed first, then cut."""
+        return shortened(
+            scrubbed(
+                service_message(response),
+                (self._credential, *self._secrets),
+                within=_MAX_MESSAGE_CHARS,
+            )
+        )
+
     def _scrubbed(self, text: str) -> str:
-        for secret in (self._credential, *self._secrets):
-            if secret:
-                text = text.replace(secret, "[credential]")
+        return scrubbed(text, (self._credential, *self._secrets))
+
+
+def scrubbed(text: str, secrets: Iterable[str], *, within: int | None = None) -> str:
+    """``text`` without any of ``secrets``: each whole, then every run of at
+    least 8 characters found in one of them (a prefix a provider echoed, a
+    piece of one cut elsewhere), each run in :data:`SCRUBBED`'s place.
+    ``within``: only that many characters are wanted (a cut follows), so the
+    scan ends once there are more -- a provider's long message costs no more."""
+    secrets = sorted({secret for secret in secrets if secret}, key=len, reverse=True)
+    for secret in secrets:
+        text = text.replace(secret, SCRUBBED)
+    size = _SHORTEST_PIECE
+    pieces = {secret[at : at + size] for secret in secrets for at in range(len(secret) - size + 1)}
+    if not pieces:
         return text
+    kept: list[str] = []
+    length = hidden_until = 0
+    for at, char in enumerate(text):
+        if within is not None and length > within:
+            break
+        if text[at : at + size] in pieces:
+            if at >= hidden_until:
+                kept.append(SCRUBBED)
+                length += len(SCRUBBED)
+            hidden_until = at + size
+        elif at >= hidden_until:
+            kept.append(char)
+            length += 1
+    return "".join(kept)
+
+
+def shortened(line: str) -> str:
+    """``line`` cut to what an error quotes of a provider's message."""
+    return line if len(line) <= _MAX_MESSAGE_CHARS else line[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
 def rate_limit_wait(response: httpx.Response, *, now: float) -> float | None:
@@ -286,8 +334,9 @@ def rate_limit_wait(response: httpx.Response, *, now: float) -> float | None:
 
 
 def service_message(response: httpx.Response) -> str:
-    """What the provider said, on one short line: GitHub's ``message``, Jira's
-    ``errorMessages`` and ``errors``; the reason phrase when there is none."""
+    """What the provider said, on one line, uncut (:meth:`ApiClient._quoted`
+    scrubs it, then cuts it): GitHub's ``message``, Jira's ``errorMessages``
+    and ``errors``; the reason phrase when there is none."""
     try:
         body = response.json()
     except ValueError:
@@ -295,8 +344,7 @@ def service_message(response: httpx.Response) -> str:
     said = _said(body) if isinstance(body, dict) else ""
     if not said.strip():
         said = response.reason_phrase or "no message"
-    line = " ".join(said.split())
-    return line if len(line) <= _MAX_MESSAGE_CHARS else line[: _MAX_MESSAGE_CHARS - 1] + "…"
+    return " ".join(said.split())
 
 
 def _said(body: dict[str, Any]) -> str:

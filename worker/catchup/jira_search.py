@@ -45,7 +45,6 @@ from worker.catchup.api import (
     UnexpectedResponse,
     aware,
     base_url,
-    service_message,
 )
 
 #: Jira Cloud's largest page for a search that returns fields.
@@ -154,7 +153,7 @@ class JiraSearch(ApiClient):
     def _refusal(self, response: httpx.Response, what: str, not_found: NotFound) -> CatchUpError:
         if response.status_code == 400:
             # A JQL Jira cannot run: most likely the source's filter.
-            said = self._scrubbed(service_message(response))
+            said = self._quoted(response)
             return UnexpectedResponse(
                 f"Jira refused the search {what} (400 {said}): check the source's JQL filter"
             )

@@ -4,21 +4,25 @@ GitHub and Jira APIs of bench/fakes."""
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from bench.fakes.github_api import FakeGitHub
 from bench.fakes.gitlab_api import FakeGitLab
 from bench.fakes.jira_api import FakeJira
+from bench.fakes.server import Answer
 from models.broker.messages import BACKGROUND_QUEUE, PROCESS_DELIVERIES
 from models.db import session_scope
 from models.sources import add_source
-from models.tables import CatchUpSource
+from models.tables import CatchUpRun, CatchUpSource
 from tests.support.cli import FakeApp, as_json, refused, taskhook, usage_error
+from tests.support.console import open_console
 from tests.support.deliveries import FIXTURES
 from tests.support.scenarios import SECRET, a_source
 from tests.support.stores import Store
@@ -133,6 +137,61 @@ def test_catch_up_github_with_a_wrong_token_is_one_clear_line(store: Store, gith
     line = refused(taskhook(store, "catch-up", "github", "--source", "acme-github"))
     assert line.startswith("Error: catch-up of acme-github stopped:")
     assert "ghp_wrong_one" not in line
+
+
+#: A token as long as GitHub's, that the echoing GitHub below quotes back.
+ECHOED_TOKEN = "ghp_EchoedByTheProvider0123456789abcdefXYZ"
+
+
+class EchoingGitHub(FakeGitHub):
+    """A GitHub whose 401 quotes the credential it refused: a prefix first, as
+    a provider shortening it would, then all of it, placed so that a cut to
+    200 characters falls inside it."""
+
+    def _token_refusal(self, authorization: str) -> Answer | None:
+        refusal = super()._token_refusal(authorization)
+        if refusal is None:
+            return None
+        credential = authorization.partition(" ")[2]
+        said = f"Bad credentials ({credential[:12]}...); "
+        said += "x" * (185 - len(said)) + f" {credential} was refused"
+        return Answer(401, {"message": said})
+
+
+def _pieces(secret: str, size: int = 8) -> set[str]:
+    return {secret[at : at + size] for at in range(len(secret) - size + 1)}
+
+
+def test_a_provider_echoing_the_token_near_the_cut_leaves_no_piece_of_it_anywhere(
+    store: Store,
+):
+    for console in open_console(store):
+        with EchoingGitHub(token=CATCH_UP_TOKEN) as github:
+            github.add_hook("repos/acme/widgets/hooks/77")
+            taskhook(
+                store,
+                *("source", "catch-up", "acme-github", "--repo", "acme/widgets"),
+                *("--hook-id", "77", "--api-url", github.base_url, "--token-stdin"),
+                input=f"{ECHOED_TOKEN}\n",
+            )
+            line = refused(taskhook(store, "catch-up", "github", "--source", "acme-github"))
+        with session_scope(store.sessions) as session:
+            (stored,) = session.scalars(select(CatchUpRun.error)).all()
+        console.sign_in("acme-member")
+        overview = html.unescape(console.client.get("/console/").text)
+        seen = {
+            "the CLI's error": line,
+            "the stored run": stored,
+            "stats": taskhook(store, "stats").output,
+            "stats --json": taskhook(store, "stats", "--json").output,
+            "the console overview": overview,
+        }
+        assert "stopped: BadCredentials" in seen["stats"]
+        assert "stopped: BadCredentials" in overview
+        for where, text in seen.items():
+            leaked = {piece for piece in _pieces(ECHOED_TOKEN) if piece in text}
+            assert not leaked, f"{where} shows {sorted(leaked)}"
+        assert "401 Bad credentials ([credential]" in line
 
 
 def test_catch_up_github_since_must_be_a_duration_or_a_date(store: Store):
