@@ -24,8 +24,9 @@ Secrets are printed exactly once -- when ``taskhook`` generates one -- and
 never listed.
 
 Layout: ``runtime`` (settings, engine, sessions, the Celery app hook; the
-errors and the root group's error translation), ``output`` (``--json``,
-tables, fields), ``prompts`` (a confirmation, and what no answer means), and
+errors and the root group's error translation), ``output`` (every line
+printed, control characters escaped: ``--json``, tables, fields, ``echo``),
+``prompts`` (a confirmation, and what no answer means), and
 one module per command group: ``db``, ``workspaces`` (add, list, the steps'
 WIP limits), ``sources``, ``tasks`` (task lookup, task archive, explain,
 release), ``identities`` (the names tasks answer to, and operator merges),

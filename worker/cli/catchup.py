@@ -15,7 +15,7 @@ from models.broker.messages import message_groups, task_for
 from models.catchup import checked_repo, mark_handled
 from models.tables import utcnow
 from worker.cli import runtime as cli_runtime
-from worker.cli.output import emit_json, json_option, print_fields
+from worker.cli.output import echo, emit_json, json_option, print_fields, printable
 from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 
@@ -210,7 +210,7 @@ def mark_handled_command(
             }
         )
         return
-    click.echo(
+    echo(
         f"Marked {slug} from {since:%Y-%m-%d %H:%M:%S} to {until:%Y-%m-%d %H:%M:%S} UTC "
         f"as handled by hand (operator {operator}). History: taskhook operations list"
     )
@@ -241,7 +241,7 @@ def _run_and_report(
             except Exception as error:
                 if not unsent:
                     said = first_line(error)
-                    click.echo(f"The broker did not take a message ({said}).", err=True)
+                    echo(f"The broker did not take a message ({said}).", err=True)
                 unsent.extend(keys)
 
     try:
@@ -301,13 +301,11 @@ def _run_and_report(
         )
     )
     for delivery_id, why in report.refused.items():
-        click.echo(f"Not stored: {delivery_id}: {why}")
+        echo(f"Not stored: {printable(delivery_id)}: {printable(why)}")
     if report.kind == "scan" and report.covered_until is None and not dry_run:
-        click.echo("This scan read one repository of the hook's: the source is not covered by it.")
+        echo("This scan read one repository of the hook's: the source is not covered by it.")
     if unsent:
-        click.echo(
-            f"{len(unsent)} stored but not sent: the sweeper sends them once the broker is back."
-        )
+        echo(f"{len(unsent)} stored but not sent: the sweeper sends them once the broker is back.")
 
 
 _READ = {

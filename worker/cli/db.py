@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from worker.cli.output import emit_json, json_option
+from worker.cli.output import echo, emit_json, json_option
 from worker.cli.runtime import CommandRuntime, pass_runtime
 
 
@@ -34,4 +34,4 @@ def db_upgrade(runtime: CommandRuntime, as_json: bool) -> None:
     if as_json:
         emit_json({"database": url, "revision": revision})
     else:
-        click.echo(f"Database {url} is at revision {revision}.")
+        echo(f"Database {url} is at revision {revision}.")

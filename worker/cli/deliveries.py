@@ -37,6 +37,7 @@ from models.tables import utcnow
 # that replacing ``worker.cli.runtime.load_celery_app`` (as the tests do) takes effect here.
 from worker.cli import runtime as cli_runtime
 from worker.cli.output import (
+    echo,
     emit_json,
     format_age,
     format_when,
@@ -117,7 +118,7 @@ def deliveries_list(
     print_deliveries(page.deliveries, empty="No deliveries.")
     if page.next_before is not None:
         more = f"--status {status} " if status else ""
-        click.echo(f"More: taskhook deliveries list {more}--before {page.next_before}")
+        echo(f"More: taskhook deliveries list {more}--before {page.next_before}")
 
 
 @deliveries.command("show")
@@ -154,12 +155,12 @@ def deliveries_show(runtime: CommandRuntime, delivery: int, as_json: bool) -> No
         ]
     )
     if detail.headers:
-        click.echo("  headers")
+        echo("  headers")
         print_fields([(f"  {name}", value) for name, value in detail.headers.items()])
 
 
 def _print_plan(plan: ReplayPlan, *, err: bool) -> None:
-    click.echo(
+    echo(
         f"Replay delivery {plan.delivery} ({plan.provider} id {plan.delivery_id}, {plan.event}, "
         f"workspace {plan.workspace}):",
         err=err,
@@ -174,7 +175,7 @@ def _print_plan(plan: ReplayPlan, *, err: bool) -> None:
         err=err,
     )
     if plan.warning is not None:
-        click.echo(f"WARNING: {plan.warning}.", err=err)
+        echo(f"WARNING: {plan.warning}.", err=err)
 
 
 @deliveries.command("replay")
@@ -205,7 +206,7 @@ def deliveries_replay(
             emit_json({"dry_run": True, "plan": _plan_json(shown)})
             return
         _print_plan(shown, err=False)
-        click.echo(f"Dry run: nothing changed. To replay it: taskhook deliveries replay {delivery}")
+        echo(f"Dry run: nothing changed. To replay it: taskhook deliveries replay {delivery}")
         return
     _print_plan(shown, err=as_json)
     if not yes and (shown.needs_consent or someone_can_answer()):
@@ -240,12 +241,12 @@ def deliveries_replay(
         )
         return
     if enqueued:
-        click.echo(f"Delivery {delivery} is queued again and sent to the worker.")
-        click.echo(f"Follow it: taskhook deliveries show {delivery}")
+        echo(f"Delivery {delivery} is queued again and sent to the worker.")
+        echo(f"Follow it: taskhook deliveries show {delivery}")
     else:
         settings = runtime.settings
         within = settings.queued_grace_seconds + settings.sweep_interval_seconds
-        click.echo(
+        echo(
             f"Delivery {delivery} is queued again, but the broker did not take the message "
             f"({problem}); the sweeper sends it within about {within:g}s once the broker is back."
         )
@@ -372,26 +373,26 @@ def deliveries_replay_matching(
                 }
             )
             return
-        click.echo(f"Dry run: {count.replayable} deliveries would be queued again.")
+        echo(f"Dry run: {count.replayable} deliveries would be queued again.")
         if recreate:
-            click.echo(
+            echo(
                 f"Among them, {len(recreate)} named with --recreate: their task, deleted before "
                 "its creation settled, is created again."
             )
         if count.bodies_dropped:
-            click.echo(
+            echo(
                 f"{count.bodies_dropped} more match, but their bodies were dropped by the "
                 "retention policy: they cannot be replayed."
             )
         if count.task_deleted:
-            click.echo(
+            echo(
                 f"{count.task_deleted} parked because their task was deleted before its creation "
                 "settled: left out; name them to replay (--recreate ID each; replaying creates "
                 "the task again): " + _listed(count.task_deleted_ids, count.task_deleted)
             )
         if count.replayable:
             again = "".join(f" --recreate {pk}" for pk in sorted(recreate))
-            click.echo(
+            echo(
                 f"To run it: the same options{again}, without --dry-run, with --name NAME "
                 f"--expect {count.replayable}."
             )
@@ -410,9 +411,7 @@ def deliveries_replay_matching(
                 cli_runtime.load_celery_app().send_task(task, args=args, queue=lane)
             except Exception as error:
                 if not unsent:
-                    click.echo(
-                        f"The broker did not take a message ({first_line(error)}).", err=True
-                    )
+                    echo(f"The broker did not take a message ({first_line(error)}).", err=True)
                 unsent.extend(group)
 
     done = bulk_replay(
@@ -438,12 +437,12 @@ def deliveries_replay_matching(
             }
         )
         return
-    click.echo(
+    echo(
         f"Operation {done.id} ({done.name}): {done.done} deliveries queued again and sent "
         "to the worker."
     )
     if left.task_deleted:
-        click.echo(
+        echo(
             f"Left out: {left.task_deleted} parked because their task was deleted before its "
             "creation settled; name one to replay it (--recreate ID): "
             + _listed(left.task_deleted_ids, left.task_deleted)
@@ -451,11 +450,11 @@ def deliveries_replay_matching(
     if unsent:
         settings = runtime.settings
         within = settings.queued_grace_seconds + settings.sweep_interval_seconds
-        click.echo(
+        echo(
             f"{len(unsent)} of them are queued but not sent: the sweeper sends them within "
             f"about {within:g}s once the broker is back."
         )
-    click.echo("History: taskhook operations list")
+    echo("History: taskhook operations list")
 
 
 def _listed(ids: Sequence[int], total: int) -> str:
@@ -506,7 +505,7 @@ def deliveries_prune(runtime: CommandRuntime, dry_run: bool, as_json: bool) -> N
             }
         )
         return
-    click.echo(f"Retention: {policy.describe()}.")
+    echo(f"Retention: {policy.describe()}.")
     print_table(
         ("ACTION", "STATUS", "EVENT", "ROWS", "BODIES"),
         (
@@ -519,10 +518,10 @@ def deliveries_prune(runtime: CommandRuntime, dry_run: bool, as_json: bool) -> N
         return
     rows = sum(line.rows for line in planned)
     if pruned is None:
-        click.echo(f"Dry run: nothing changed ({rows} rows would be pruned).")
+        echo(f"Dry run: nothing changed ({rows} rows would be pruned).")
         return
     deleted, dropped = sum(pruned.deleted.values()), sum(pruned.dropped.values())
-    click.echo(
+    echo(
         f"Deleted {deleted} rows and dropped {dropped} bodies ({format_bytes(pruned.body_bytes)}) "
         f"in {pruned.batches} batches of at most {policy.batch}, {pruned.seconds:g} s."
     )
@@ -555,16 +554,16 @@ def stats(runtime: CommandRuntime, as_json: bool) -> None:
         )
         return
     print_table(("STATUS", "DELIVERIES"), found.counts.items(), empty="No deliveries.")
-    click.echo()
+    echo()
     # Counted within "ignored" above: stored and answered like any ignored event.
-    click.echo(
+    echo(
         f"Unknown events: {found.unknown_events} ignored (an event their provider does not "
         "know; their reason starts with “unknown event”)."
     )
     if found.oldest_queued_at is None:
-        click.echo("Oldest queued: none (nothing waiting).")
+        echo("Oldest queued: none (nothing waiting).")
     else:
-        click.echo(
+        echo(
             f"Oldest queued: received {format_age(found.oldest_queued_age_seconds or 0)} ago "
             f"({format_when(found.oldest_queued_at)} UTC)."
         )
@@ -592,9 +591,9 @@ def _print_credentials(credentials: dict[str, int]) -> None:
 def _print_backlogs(backlogs: Backlogs) -> None:
     """The backed-up workspaces: each one's deliveries queued or processing,
     and how long its oldest queued one has waited, largest backlog first."""
-    click.echo()
+    echo()
     if backlogs.largest:
-        click.echo("Backed-up workspaces (BACKLOG: deliveries queued or processing):")
+        echo("Backed-up workspaces (BACKLOG: deliveries queued or processing):")
     print_table(
         ("WORKSPACE", "BACKLOG", "OLDEST QUEUED"),
         (
@@ -611,24 +610,24 @@ def _print_backlogs(backlogs: Backlogs) -> None:
     )
     if backlogs.rest_workspaces:
         waiting = backlogs.rest_oldest_queued_age_seconds
-        click.echo(
+        echo(
             f"And {backlogs.rest_workspaces} more workspace"
             + ("s" if backlogs.rest_workspaces != 1 else "")
             + f": {backlogs.rest_backlog} deliveries"
             + ("" if waiting is None else f", the oldest queued waiting {format_age(waiting)}")
             + "."
         )
-    click.echo()
+    echo()
 
 
 def _print_disk(disk: InboxDiskUse, policy: Policy) -> None:
     free = f", {format_bytes(disk.free_bytes)} of it free for reuse" if disk.free_bytes else ""
-    click.echo(
+    echo(
         f"Disk: {format_bytes(disk.body_bytes or 0)} of bodies in {disk.rows} rows "
         f"({disk.bodies_dropped} bodies dropped); {format_bytes(disk.storage_bytes)} in "
         f"{disk.storage}{free}."
     )
-    click.echo(f"Retention: {policy.describe()} (taskhook deliveries prune).")
+    echo(f"Retention: {policy.describe()} (taskhook deliveries prune).")
 
 
 def _print_gaps(missed: Gaps) -> None:
@@ -639,31 +638,31 @@ def _print_gaps(missed: Gaps) -> None:
             outcome = f"a dry run, still running or a partial scan; {run.missed} missed"
         else:
             outcome = f"{run.missed} missed, {run.recovered} recovered"
-        click.echo(
+        echo(
             f"Last catch-up of {run.source} ({_RUN_KINDS.get(run.kind, run.kind)}): "
             f"{format_when(run.started_at)} UTC, {outcome}."
         )
         if run.recovered_items:
             more = run.recovered - len(run.recovered_items)
-            click.echo(
+            echo(
                 "  Recovered: "
                 + ", ".join(run.recovered_items)
                 + (f" and {more} more" if more > 0 else "")
             )
     for mark in missed.handled_by_hand:
-        click.echo(
+        echo(
             f"Handled by hand: {mark.source} from {format_when(mark.since)} to "
             f"{format_when(mark.until)} UTC, marked by {mark.operator} on "
             f"{format_when(mark.marked_at)} UTC: {mark.reason}"
         )
     for source, windows in missed.uncovered.items():
         for window in windows:
-            click.echo(
+            echo(
                 f"Not caught up: {source} -- no ingress was up from {format_when(window.start)} "
                 f"to {format_when(window.end)} UTC ({format_age(window.seconds)}); "
                 f"{missed.command(source, window)}"
             )
-            click.echo(f"  Handled it by hand? {missed.mark_command(source, window)}")
+            echo(f"  Handled it by hand? {missed.mark_command(source, window)}")
 
 
 _RUN_KINDS = {

@@ -24,7 +24,7 @@ from models.reports import list_source_summaries, list_workspaces
 from models.sources import add_source, verifying_source
 from models.tables import Delivery, Workspace
 from models.workspaces import create_workspace
-from worker.cli.output import emit_json, json_option
+from worker.cli.output import echo, emit_json, json_option
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
 #: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
@@ -64,7 +64,7 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
         if as_json:
             emit_json({"created": False, "sources": []})
             return
-        click.echo(
+        echo(
             f"==> no demo workspace on {runtime.database_url_for_people}: "
             "ask for one with `taskhook demo setup`"
         )
@@ -114,10 +114,10 @@ def demo_setup(runtime: CommandRuntime, embedded_only: bool, as_json: bool) -> N
             }
         )
         return
-    click.echo("==> demo workspace created" if created else "==> existing workspaces kept")
+    echo("==> demo workspace created" if created else "==> existing workspaces kept")
     for slug, provider, url in sources:
-        click.echo(f"    {provider:6} {slug:20} {url}")
-    click.echo(
+        echo(f"    {provider:6} {slug:20} {url}")
+    echo(
         "==> send a signed sample delivery: .venv/bin/taskhook demo send "
         + "|".join(sorted(SAMPLES))
     )
@@ -178,10 +178,10 @@ def demo_send(
     if as_json:
         emit_json({"url": url, "status": status, "answer": json.loads(answer or "null")})
         return
-    click.echo(f"POST {url} → {status} {answer}")
+    echo(f"POST {url} → {status} {answer}")
     if status == 202:
-        click.echo("Then: .venv/bin/taskhook deliveries list")
-        click.echo(
+        echo("Then: .venv/bin/taskhook deliveries list")
+        echo(
             f"  or: .venv/bin/taskhook task lookup --workspace {workspace} "
             f"{shlex.quote(_external_id_of(provider, headers, body))}"
         )

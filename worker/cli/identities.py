@@ -20,7 +20,7 @@ from models.merges import MergePlan, MergeSide, MergeView, list_merges, merge, p
 from models.reports import get_workspace
 from models.tables import Task
 from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
-from worker.cli.output import emit_json, json_option, print_fields, print_table
+from worker.cli.output import echo, emit_json, json_option, print_fields, print_table, printable
 from worker.cli.params import DATABASE_ID, checked_by, operator_or_os_user
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
@@ -132,7 +132,7 @@ def identities_list(
         empty="No names.",
     )
     if merges:
-        click.echo()
+        echo()
         _print_merges(merges)
 
 
@@ -182,7 +182,7 @@ def _confirmed(question: str, *, err: bool) -> None:
     """Ask ``question``; a no aborts. Without a terminal, the end of input
     means the caller forgot ``--yes``, and the error says so."""
     try:
-        answer = click.confirm(question, err=err)
+        answer = click.confirm(printable(question), err=err)
     except click.Abort:
         if sys.stdin.isatty():
             raise
@@ -228,7 +228,7 @@ def identities_merge(
             session=session, caller=OPERATOR, into_task_id=into_id, from_task_id=from_id
         )
     # With --json the preview and the question go to stderr; stdout stays one document.
-    click.echo("Merge, as one real item:", err=as_json)
+    echo("Merge, as one real item:", err=as_json)
     print_fields(_plan_fields(plan), err=as_json)
     if not yes:
         _confirmed("Merge them?", err=as_json)
@@ -244,7 +244,7 @@ def identities_merge(
     if as_json:
         emit_json(_merge_json(done))
         return
-    click.echo(
+    echo(
         f"Merged {plan.from_.identifier} into {plan.into.identifier}: merge {done.id}, "
         f"operator {done.operator}. Undo: taskhook identities unmerge {done.id} --reason TEXT"
     )
@@ -274,7 +274,7 @@ def identities_unmerge(
     if as_json:
         emit_json(_merge_json(undone))
         return
-    click.echo(
-        f"Undid merge {undone.id}: {', '.join(n.name for n in undone.names)} are "
+    echo(
+        f"Undid merge {undone.id}: {printable(', '.join(n.name for n in undone.names))} are "
         f"{owner}'s again; operator {operator}."
     )

@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from worker.cli.output import printable
+
 
 def someone_can_answer() -> bool:
     """Whether a person can answer a question: stdin is a terminal. From a
@@ -18,7 +20,7 @@ def confirmed(question: str, *, err: bool, action: str) -> None:
     input means the caller forgot ``--yes``, and the usage error says so
     ("pass --yes to ``action`` without asking")."""
     try:
-        answer = click.confirm(question, err=err)
+        answer = click.confirm(printable(question), err=err)
     except click.Abort:  # the end of input, or Ctrl-C
         if someone_can_answer():
             raise

@@ -24,6 +24,7 @@ from models import sealing, startup
 from models.db import NoDatabase, make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
 from models.settings import Settings, invalid_settings
+from worker.cli.output import printable
 
 #: Exit code of a release whose request went out but got no answer.
 EXIT_NO_ANSWER = 3
@@ -89,9 +90,19 @@ def _database_refusal(error: DBAPIError, url: str) -> Refused:
 
 
 class TaskhookGroup(click.Group):
-    """The root group: turns the models' domain errors into one-line refusals."""
+    """The root group: turns the models' domain errors into one-line refusals,
+    and shows any control character in an error's message escaped."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return self._translated(ctx)
+        except click.ClickException as error:
+            # A name, a title or a provider's words may stand in the message:
+            # shown escaped, so the error stays one line and the terminal untouched.
+            error.message = printable(error.message)
+            raise
+
+    def _translated(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except TaskStoreError as error:  # every kind alike: the store's words, exit 1

@@ -45,7 +45,7 @@ from models.sources import (
     set_source_lane,
 )
 from worker.cli import runtime as cli_runtime
-from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.output import echo, emit_json, json_option, print_table
 from worker.cli.params import checked_by
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 from worker.sweeper import send_backlog
@@ -72,8 +72,8 @@ def _events_for(provider: str, given: str | None) -> list[str]:
 
 
 def _print_secret_once(secret: str, provider: str) -> None:
-    click.echo(f"Secret:      {secret}")
-    click.echo(
+    echo(f"Secret:      {secret}")
+    echo(
         f"             Paste it into {REGISTRY[provider].secret_help} now: "
         "it will not be shown again."
     )
@@ -160,15 +160,15 @@ def source_add(
         }
         emit_json(document | ({"secret": secret} if generated else {}))
         return
-    click.echo(f"Source {slug} added: {provider} → workspace {workspace_slug}.")
-    click.echo(f"Webhook URL: {url}")
-    click.echo(f"Events:      {', '.join(create_events)} create tasks; other events are stored")
+    echo(f"Source {slug} added: {provider} → workspace {workspace_slug}.")
+    echo(f"Webhook URL: {url}")
+    echo(f"Events:      {', '.join(create_events)} create tasks; other events are stored")
     if generated:
         _print_secret_once(secret, provider)
     else:
-        click.echo("Secret:      the one you gave (never printed)")
+        echo("Secret:      the one you gave (never printed)")
     for line in REGISTRY[provider].setup_help:
-        click.echo(line)
+        echo(line)
 
 
 @source.command("list")
@@ -209,9 +209,9 @@ def _set_enabled(runtime: CommandRuntime, name: str, enabled: bool, as_json: boo
     if as_json:
         emit_json({"source": name, "enabled": enabled})
     elif enabled:
-        click.echo(f"Source {name} enabled: its deliveries are accepted again.")
+        echo(f"Source {name} enabled: its deliveries are accepted again.")
     else:
-        click.echo(
+        echo(
             f"Source {name} disabled: its deliveries are now answered 404 and not stored; "
             f"`taskhook source enable {name}` undoes it."
         )
@@ -247,7 +247,7 @@ def source_pause(runtime: CommandRuntime, name: str, as_json: bool) -> None:
     if as_json:
         emit_json({"source": name, "paused": True})
     else:
-        click.echo(
+        echo(
             f"Source {name} paused: its deliveries are stored and answered as before, and "
             "wait in the inbox, queued, until `taskhook source resume "
             f"{name}` (the ingress sees the pause within "
@@ -274,7 +274,7 @@ def source_resume(runtime: CommandRuntime, name: str, as_json: bool) -> None:
         try:
             cli_runtime.load_celery_app().send_task(PROCESS_DELIVERY, args=[pk], queue=lane)
         except Exception as error:
-            click.echo(f"The broker did not take a message ({first_line(error)}).", err=True)
+            echo(f"The broker did not take a message ({first_line(error)}).", err=True)
             unsent.append(pk)
 
     # Committed: only now may a worker take them (store, commit, enqueue).
@@ -283,12 +283,12 @@ def source_resume(runtime: CommandRuntime, name: str, as_json: bool) -> None:
     if as_json:
         emit_json({"source": name, "paused": False, "sent": len(sent) - len(unsent)})
         return
-    click.echo(
+    echo(
         f"Source {name} resumed: {len(sent) - len(unsent)} waiting deliveries sent "
         "on the background lane."
     )
     if unsent:
-        click.echo(
+        echo(
             f"{len(unsent)} were not sent: the sweeper sends them within "
             f"{runtime.settings.queued_grace_seconds:g} s of the broker's return.",
             err=True,
@@ -308,12 +308,12 @@ def source_lane(runtime: CommandRuntime, name: str, lane: str, as_json: bool) ->
     if as_json:
         emit_json({"source": name, "lane": lane})
     elif lane == SourceLane.BACKGROUND:
-        click.echo(
+        echo(
             f"Source {name} now takes the background lane: its deliveries wait behind "
             f"everyone's live ones. `taskhook source lane {name} auto` undoes it."
         )
     else:
-        click.echo(f"Source {name} takes the live lane again, unless it floods.")
+        echo(f"Source {name} takes the live lane again, unless it floods.")
 
 
 @source.command("rotate-secret")
@@ -343,9 +343,7 @@ def source_rotate_secret(
         if as_json:
             emit_json({"source": name, "retired": retired})
         else:
-            click.echo(
-                f"Retired {retired} older secret(s) of {name}: only the newest verifies now."
-            )
+            echo(f"Retired {retired} older secret(s) of {name}: only the newest verifies now.")
         return
 
     generated = secret is None
@@ -356,10 +354,10 @@ def source_rotate_secret(
     if as_json:
         emit_json({"source": name} | ({"secret": secret} if generated else {}))
         return
-    click.echo(f"New secret added to {name}; the old ones keep verifying until --finish.")
+    echo(f"New secret added to {name}; the old ones keep verifying until --finish.")
     if generated:
         _print_secret_once(secret, provider)
-    click.echo(f"Then: taskhook source rotate-secret {name} --finish")
+    echo(f"Then: taskhook source rotate-secret {name} --finish")
 
 
 def _private_key_of(path: str) -> str:
@@ -528,8 +526,8 @@ def source_catch_up(
         if as_json:
             emit_json({"source": name, "site": site, "email": email, "jql": jql})
             return
-        click.echo(f"{name} can be caught up by a search of {site}.")
-        click.echo(f"Then: {catch_up_command('jira', name)} --dry-run")
+        echo(f"{name} can be caught up by a search of {site}.")
+        echo(f"Then: {catch_up_command('jira', name)} --dry-run")
         return
     if app_id is not None or private_key is not None:
         _check_app_options(app_id, private_key, repo or org, hook_id, token_stdin)
@@ -597,8 +595,8 @@ def _report_access(
         emit_json(document | ({"app_id": app_id} if app_id is not None else {}))
         return
     whose = f"GitHub App {app_id}'s own hook" if app_id is not None else f"{target}'s hook"
-    click.echo(f"{name} can be caught up from the log of {whose} at {api_url}.")
-    click.echo(f"Then: {catch_up_command('github', name)} --dry-run")
+    echo(f"{name} can be caught up from the log of {whose} at {api_url}.")
+    echo(f"Then: {catch_up_command('github', name)} --dry-run")
 
 
 def _gitlab_access(
@@ -625,5 +623,5 @@ def _gitlab_access(
         emit_json({"source": name, "target": owner, "hook_id": hook_id, "api_url": api_url})
         return
     hook = f"hook {hook_id}" if hook_id else "the hook whose URL ends with its name"
-    click.echo(f"{name} can be caught up from {owner} ({hook}) at {api_url}.")
-    click.echo(f"Then: {catch_up_command('gitlab', name)} --dry-run")
+    echo(f"{name} can be caught up from {owner} ({hook}) at {api_url}.")
+    echo(f"Then: {catch_up_command('gitlab', name)} --dry-run")

@@ -37,7 +37,7 @@ from models.tasks import MAX_RELEASE_REASON_LENGTH, archive_task, clean_release_
 from worker.cli import runtime as cli_runtime
 from worker.cli.deliveries import delivery_reason, print_deliveries
 from worker.cli.identities import describe_names
-from worker.cli.output import emit_json, format_when, json_option, print_fields, print_table
+from worker.cli.output import echo, emit_json, format_when, json_option, print_fields, print_table
 from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.prompts import confirmed
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
@@ -209,7 +209,7 @@ def task_lookup(
         )
         return
     print_fields(_task_fields(found, found.holder))
-    click.echo()
+    echo()
     print_deliveries(touched, empty="No delivery touched it (it was created through the API).")
 
 
@@ -280,7 +280,7 @@ def task_archive(
         emit_json(done)
         return
     if was_archived:
-        click.echo(
+        echo(
             f"{done['identifier']} was archived already ({format_when(done['archived_at'])} UTC); "
             "nothing changed."
         )
@@ -290,7 +290,7 @@ def task_archive(
         if done["external_id"]
         else "it holds no external id"
     )
-    click.echo(
+    echo(
         f"Archived {done['identifier']}; {keeps}. It no longer counts against the WIP limit "
         f"of step {done['step']!r}."
     )
@@ -366,49 +366,49 @@ def explain(runtime: CommandRuntime, workspace_slug: str, external_id: str, as_j
             }
         )
         return
-    click.echo(f"External id {found.external_id!r} in workspace {found.workspace}:")
-    click.echo()
+    echo(f"External id {found.external_id!r} in workspace {found.workspace}:")
+    echo()
     print_table(
         ("TIME", "EVENT", "DETAIL"),
         ((event.at, event.what, event.detail) for event in events),
         empty="(no events)",
     )
-    click.echo()
+    echo()
     unmade = found.without_task
     if unmade:
-        click.echo("Deliveries that named it and made no task:")
+        echo("Deliveries that named it and made no task:")
         print_table(
             ("ID", "DELIVERY ID", "RECEIVED", "STATUS", "REASON"),
             ((d.id, d.delivery_id, d.received_at, d.status, delivery_reason(d)) for d in unmade),
             empty="",
         )
-        click.echo()
+        echo()
     for gone in found.deleted_holders:
         touched = ", ".join(str(d.id) for d in found.deliveries_of(gone.id)) or "none"
-        click.echo(
+        echo(
             f"Deleted: task {gone.id} held it until {format_when(gone.deleted_at)}, "
             f"deleted by {gone.by} (deliveries that touched it: {touched})."
         )
     holder = found.holder
     if holder is not None and holder.external_id != found.external_id:
-        click.echo(
+        echo(
             f"Now: an alias of {holder.identifier} (task {holder.id}), which answers to "
             f"{describe_names(holder.names)}; a create under it is Found on that task."
         )
     elif holder is None:
-        click.echo("Now: no task holds it; the next delivery for the item creates a new task.")
+        echo("Now: no task holds it; the next delivery for the item creates a new task.")
         parked = [d.id for d in unmade if d.status in _FIXABLE]
         if parked:
-            click.echo(
+            echo(
                 f"Parked: {', '.join(map(str, parked))}. Read `taskhook deliveries show ID` "
                 "for why, fix the cause, then `taskhook deliveries replay ID` creates the task."
             )
     elif holder.settled:
-        click.echo(f"Now: held by {holder.identifier}, settled. Nothing to do.")
+        echo(f"Now: held by {holder.identifier}, settled. Nothing to do.")
     else:
-        click.echo(f"Now: held by {holder.identifier}, {_settlement(holder)}.")
-        click.echo(f"Its creator: {creator_advice(found, holder, utcnow())[1]}.")
-        click.echo(
+        echo(f"Now: held by {holder.identifier}, {_settlement(holder)}.")
+        echo(f"Its creator: {creator_advice(found, holder, utcnow())[1]}.")
+        echo(
             "Other deliveries for it wait, then park as needs_operator. Read "
             "docs/runbook.md (needs_operator) before any `taskhook release`."
         )
@@ -505,12 +505,12 @@ def release(
             f"{holder.external_id!r}: release that (its aliases are freed with it)"
         )
     # With --json the preview and the question go to stderr; stdout stays one document.
-    click.echo(
+    echo(
         f"Release external id {found.external_id!r} in workspace {found.workspace} from:",
         err=as_json,
     )
     print_fields(_release_preview(found, holder), err=as_json)
-    click.echo(_release_warning(found, holder), err=as_json)
+    echo(_release_warning(found, holder), err=as_json)
     if not yes:
         confirmed("Release it?", err=as_json, action="release")
 
@@ -542,13 +542,13 @@ def release(
     if as_json:
         emit_json(reply | {"workspace": found.workspace, "needs_operator_deliveries": parked})
         return
-    click.echo(
+    echo(
         f"Released {reply.get('external_id', found.external_id)!r} from "
         f"{reply.get('identifier', holder.identifier)} (task {reply.get('task_id', holder.id)}); "
         f"audit row {reply.get('audit_id')}, operator {operator}."
     )
     for pk in parked:
-        click.echo(f"Parked delivery {pk} can go through again: taskhook deliveries replay {pk}")
+        echo(f"Parked delivery {pk} can go through again: taskhook deliveries replay {pk}")
 
 
 def _send_release(runtime: CommandRuntime, args: list[Any], *, within: float) -> Any:

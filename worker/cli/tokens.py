@@ -6,7 +6,7 @@ import click
 
 from models.reports import get_workspace, list_workspaces
 from models.tokens import Role, checked_name, issue_token, list_tokens, revoke_token
-from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.output import echo, emit_json, json_option, print_table
 from worker.cli.params import DATABASE_ID, checked_by
 from worker.cli.runtime import CommandRuntime, pass_runtime
 
@@ -56,9 +56,9 @@ def token_add(
     if as_json:
         emit_json(summary)
         return
-    click.echo(f"Token {summary['id']} ({role}) for {name} on {', '.join(summary['workspaces'])}:")
-    click.echo(f"  {issued.token}")
-    click.echo("It is shown once and cannot be recovered; send it as 'Authorization: Bearer …'.")
+    echo(f"Token {summary['id']} ({role}) for {name} on {', '.join(summary['workspaces'])}:")
+    echo(f"  {issued.token}")
+    echo("It is shown once and cannot be recovered; send it as 'Authorization: Bearer …'.")
 
 
 @token.command("list")
@@ -113,4 +113,4 @@ def token_revoke(runtime: CommandRuntime, token_id: int, as_json: bool) -> None:
     if as_json:
         emit_json(summary)
         return
-    click.echo(f"Token {token_id} ({summary['name']}) is revoked.")
+    echo(f"Token {token_id} ({summary['name']}) is revoked.")

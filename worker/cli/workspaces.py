@@ -19,7 +19,7 @@ from models.workspaces import (
     reserve_deletes,
     set_wip_limit,
 )
-from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.output import echo, emit_json, json_option, print_table
 from worker.cli.params import checked_by
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
@@ -71,10 +71,8 @@ def workspace_add(
     if as_json:
         emit_json(summary)
         return
-    click.echo(
-        f"Workspace {slug} ({summary['name']}) added: tasks will be {prefix}-1, {prefix}-2, …"
-    )
-    click.echo(f"Next: taskhook source add github|gitlab|jira --workspace {slug}")
+    echo(f"Workspace {slug} ({summary['name']}) added: tasks will be {prefix}-1, {prefix}-2, …")
+    echo(f"Next: taskhook source add github|gitlab|jira --workspace {slug}")
 
 
 @workspace.command("list")
@@ -154,7 +152,7 @@ def workspace_wip(
         return
     if changed:
         now = "no WIP limit" if limit is None else f"a WIP limit of {limit}"
-        click.echo(f"Step {step_name!r} of workspace {slug} has {now} now.")
+        echo(f"Step {step_name!r} of workspace {slug} has {now} now.")
     _print_steps(shown)
 
 

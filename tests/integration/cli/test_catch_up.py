@@ -194,6 +194,32 @@ def test_a_provider_echoing_the_token_near_the_cut_leaves_no_piece_of_it_anywher
         assert "401 Bad credentials ([credential]" in line
 
 
+class EscapingGitHub(FakeGitHub):
+    """A GitHub whose refusal holds terminal escapes: a retitle and a clear screen."""
+
+    def _token_refusal(self, authorization: str) -> Answer | None:
+        refusal = super()._token_refusal(authorization)
+        said = "Bad credentials \x1b]0;pwned\x07\x1b[2J"
+        return None if refusal is None else Answer(401, {"message": said})
+
+
+def test_a_providers_terminal_escapes_reach_no_terminal(store: Store):
+    workspace = store.workspace()
+    a_source(store, workspace.id)
+    with EscapingGitHub(token=CATCH_UP_TOKEN) as github:
+        github.add_hook("repos/acme/widgets/hooks/77")
+        taskhook(
+            store,
+            *("source", "catch-up", "acme-github", "--repo", "acme/widgets"),
+            *("--hook-id", "77", "--api-url", github.base_url, "--token-stdin"),
+            input="ghp_wrong_one\n",
+        )
+        line = refused(taskhook(store, "catch-up", "github", "--source", "acme-github"))
+    assert r"(401 Bad credentials \x1b]0;pwned\x07\x1b[2J)" in line
+    for shown in (line, taskhook(store, "stats").output, taskhook(store, "stats", "--json").output):
+        assert "\x1b" not in shown and "\x07" not in shown
+
+
 def test_catch_up_github_since_must_be_a_duration_or_a_date(store: Store):
     line = usage_error(taskhook(store, "catch-up", "github", "--source", "x", "--since", "soon"))
     assert "neither a duration" in line

@@ -3,16 +3,18 @@ what an unfinished create is doing, and an identity's lineage."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 
 from models.access import Caller
 from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.tables import Delivery, utcnow
 from models.tasks import CreateHooks, NewTask, create_task, delete_task, release_external_id
+from models.tokens import issue_token
 from tests.support.cli import RELEASE, as_json, refused, taskhook
 from tests.support.scenarios import (
     EXTERNAL_ID,
@@ -423,3 +425,50 @@ def test_task_deletions_and_explain_show_who_deleted_a_task(store: Store):
 def test_task_deletions_of_an_unknown_workspace_is_one_line(store: Store):
     line = refused(taskhook(store, "task", "deletions", "--workspace", "nope"))
     assert line == "Error: workspace 'nope' not found"
+
+
+#: An issue title as a hostile sender writes it: it retitles the terminal,
+#: clears the screen, and forges a line of output (C1's CSI too).
+HOSTILE = "Login \x1b]0;pwned\x07 page \x1b[2J blank\r\nError: forged line \x9b31m"
+#: Any control character but the newline the CLI lays its own lines out with.
+RAW_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def test_no_command_prints_a_raw_control_character_from_a_title_or_a_name(store: Store):
+    a_settled_task(store)
+    with store.engine.begin() as connection:
+        # The title as the issue gave it; a name as a store written before
+        # names were checked may hold one.
+        connection.execute(text("UPDATE tasks SET title = :t"), {"t": HOSTILE})
+        connection.execute(text("UPDATE workspaces SET name = :t"), {"t": HOSTILE})
+    with session_scope(store.sessions) as session:
+        issue_token(session=session, name="ci", role="member", workspace_ids=[1])
+    with store.engine.begin() as connection:
+        connection.execute(text("UPDATE api_tokens SET name = :t"), {"t": HOSTILE})
+    lookup = ("task", "lookup", "--workspace", "acme", EXTERNAL_ID)
+    commands = [
+        lookup,
+        ("explain", "--workspace", "acme", EXTERNAL_ID),
+        ("identities", "list", "--workspace", "acme"),
+        ("deliveries", "list"),
+        ("workspace", "list"),
+        ("source", "list"),
+        ("token", "list"),
+        ("operations", "list"),
+        ("stats",),
+    ]
+    for command in commands:
+        for given in (command, (*command, "--json")):
+            result = taskhook(store, *given)
+            assert result.exit_code == 0, result.output
+            raw = RAW_CONTROL.search(result.output)
+            assert raw is None, f"taskhook {' '.join(given)} printed {raw[0]!r}"
+
+    shown = taskhook(store, *lookup).stdout
+    assert (
+        r"ACME-1  Login \x1b]0;pwned\x07 page \x1b[2J blank\r\nError: forged line \x9b31m" in shown
+    )
+    assert not any(line.startswith("Error:") for line in shown.splitlines())
+    assert as_json(taskhook(store, *lookup, "--json"))["task"]["title"] == HOSTILE
+    names = taskhook(store, "token", "list").stdout + taskhook(store, "workspace", "list").stdout
+    assert names.count(r"Login \x1b]0;pwned\x07") == 2
