@@ -579,6 +579,26 @@ def test_the_token_never_shows_in_an_error_a_log_line_or_a_repr(failure, caplog)
     assert TOKEN not in caplog.text
 
 
+@pytest.mark.parametrize(
+    "said",
+    [
+        "x" * 190 + f" {TOKEN}",  # whole, where a cut to 200 characters falls inside it
+        f"token {TOKEN[:12]}... is invalid",  # a prefix, as a provider shortens it
+        f"{TOKEN[4:20]} and {TOKEN[-9:]}",  # pieces of it anywhere
+        "y" * 5000 + TOKEN,  # far past what is quoted
+    ],
+    ids=["at the cut", "a prefix", "pieces", "long"],
+)
+@pytest.mark.parametrize("status", [401, 403, 422])
+def test_no_piece_of_the_token_of_8_characters_shows_in_an_error(said, status):
+    github = FakeGitHub(httpx.Response(status, json={"message": said}))
+    with delivery_log(github) as log, pytest.raises(CatchUpError) as raised:
+        list(log.attempts(since=NOW))
+    error = str(raised.value)
+    assert not [TOKEN[at : at + 8] for at in range(len(TOKEN) - 7) if TOKEN[at : at + 8] in error]
+    assert "x" * 200 not in error and "y" * 200 not in error  # still cut
+
+
 def test_a_token_no_header_can_carry_is_refused_without_quoting_it():
     with pytest.raises(ValueError) as raised:
         DeliveryLog(api_base_url=API, hook_path=HOOK, token="ghp_secret\r\nX-Evil: 1")
