@@ -581,8 +581,8 @@ def _print_credentials(credentials: dict[str, int]) -> None:
         if key_id != PLAIN
     )
     plain = credentials.get(PLAIN, 0)
-    click.echo()
-    click.echo(
+    echo()
+    echo(
         f"Credentials sealed: {sealed or 'none'}; plain text: {plain}"
         + (" (`taskhook secrets rotate` seals them)." if plain else ".")
     )

@@ -12,7 +12,7 @@ import click
 
 from models import sealing
 from models.credentials import PLAIN, Rotated, credential_counts, rotate
-from worker.cli.output import emit_json, json_option, print_table
+from worker.cli.output import echo, emit_json, json_option, print_table
 from worker.cli.runtime import CommandRuntime, pass_runtime
 
 
@@ -24,7 +24,7 @@ def secrets() -> None:
 @secrets.command("new-key")
 def new_key() -> None:
     """Print a new key, for TASKHOOK_ENCRYPTION_KEYS (or a line of the key file)."""
-    click.echo(sealing.new_key())
+    echo(sealing.new_key())
 
 
 @secrets.command("init")
@@ -34,14 +34,14 @@ def init(runtime: CommandRuntime) -> None:
     settings = runtime.settings
     path = settings.encryption_key_file
     if settings.encryption_keys is not None:
-        click.echo("Encryption keys are set (TASKHOOK_ENCRYPTION_KEYS): no key file needed.")
+        echo("Encryption keys are set (TASKHOOK_ENCRYPTION_KEYS): no key file needed.")
     elif sealing.create_key_file(path):
-        click.echo(
+        echo(
             f"Made an encryption key in {path} (mode 0600). Keep it with the database's "
             "backups: without it the stored credentials cannot be read."
         )
     else:
-        click.echo(f"Encryption keys: {path}.")
+        echo(f"Encryption keys: {path}.")
 
 
 @secrets.command("status")
@@ -62,7 +62,7 @@ def status(runtime: CommandRuntime, as_json: bool) -> None:
         ((row["key_id"], row["role"], row["seals"]) for row in rows),
         empty="No key.",
     )
-    click.echo(f"Plain text (sealed by `taskhook secrets rotate`): {counts.get(PLAIN, 0)}")
+    echo(f"Plain text (sealed by `taskhook secrets rotate`): {counts.get(PLAIN, 0)}")
 
 
 def _key_rows(keyring: sealing.Keyring, counts: dict[str, int]) -> list[dict]:
@@ -109,7 +109,7 @@ def rotate_command(
 
     def said(done: Rotated) -> None:
         if not as_json and done.resealed:
-            click.echo(f"Sealed {done.resealed} under key {keyring.primary_id}.")
+            echo(f"Sealed {done.resealed} under key {keyring.primary_id}.")
 
     total = rotate(
         runtime.sessions, keyring, batch_size=batch_size, max_batches=max_batches, on_batch=said
@@ -121,9 +121,9 @@ def rotate_command(
         emit_json({"key_id": keyring.primary_id, "resealed": total, "left": left})
         return
     if left:
-        click.echo(f"{total} sealed; {left} left: run `taskhook secrets rotate` again.")
+        echo(f"{total} sealed; {left} left: run `taskhook secrets rotate` again.")
     else:
-        click.echo(
+        echo(
             f"{total} sealed; every stored credential is sealed by key {keyring.primary_id}. "
             "The other keys seal nothing now and may be removed."
         )
