@@ -190,7 +190,7 @@ def workspace_deletes(
         emit_json({"workspace": slug, "changed": changed, "deletes_need_operator": operators_only})
         return
     who = "operator tokens only" if operators_only else "member and operator tokens"
-    click.echo(f"Tasks of workspace {slug} may be deleted by {who}{' now' if changed else ''}.")
+    echo(f"Tasks of workspace {slug} may be deleted by {who}{' now' if changed else ''}.")
 
 
 def _print_steps(steps: list[StepSummary]) -> None:

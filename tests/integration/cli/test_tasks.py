@@ -455,6 +455,7 @@ def test_no_command_prints_a_raw_control_character_from_a_title_or_a_name(store:
         ("source", "list"),
         ("token", "list"),
         ("operations", "list"),
+        ("task", "deletions"),
         ("stats",),
     ]
     for command in commands:
