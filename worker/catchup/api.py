@@ -38,6 +38,12 @@ from typing import Any, Self
 import httpx
 
 log = logging.getLogger(__name__)
+# httpx logs each request's URL (INFO) and httpcore each answer's raw headers
+# (DEBUG), unscrubbed: a provider's cursor, Location or Link may echo the
+# credential, and a process run at DEBUG would print it. This client logs its
+# own lines, scrubbed; theirs stay below WARNING (tests/e2e/test_canaries.py).
+for _library in ("httpx", "httpcore"):
+    logging.getLogger(_library).setLevel(logging.WARNING)
 
 _FIRST_BACKOFF_SECONDS = 0.5  # doubled on each retry
 _MAX_BACKOFF_SECONDS = 8.0
