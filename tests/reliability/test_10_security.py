@@ -41,6 +41,7 @@ import models.providers.signing
 from ingest.app import create_app
 from ingest.console import pages as console_pages
 from models.access import Caller
+from models.console_sessions import CONSOLE_SIGN_IN
 from models.db import session_scope
 from models.merges import merge
 from models.settings import Settings
@@ -112,7 +113,11 @@ class Tenants:
             revoked = session.scalar(
                 select(func.count()).select_from(ApiToken).where(ApiToken.revoked_at.is_not(None))
             )
-            operations = session.scalar(select(func.count()).select_from(Operation))
+            # Acts on globex's rows; an attacker's own console sign-in is
+            # recorded as an operation too, and it is not globex's.
+            operations = session.scalar(
+                select(func.count()).select_from(Operation).where(Operation.kind != CONSOLE_SIGN_IN)
+            )
             merges = session.execute(
                 select(IdentityMerge.id, IdentityMerge.undone_at).order_by(IdentityMerge.id)
             ).all()
@@ -385,6 +390,9 @@ ATTEMPTS: dict[tuple[str, str], Attempt] = {
     ),
     ("GET", "/console/deliveries/{delivery_id:int}"): _console(
         "GET", lambda t: f"/console/deliveries/{t.globex_delivery}"
+    ),
+    ("GET", "/console/deliveries/{delivery_id:int}/body"): _console(
+        "GET", lambda t: f"/console/deliveries/{t.globex_delivery}/body"
     ),
     ("POST", "/console/deliveries/{delivery_id:int}/replay"): _console(
         "POST", lambda t: f"/console/deliveries/{t.globex_delivery}/replay"
