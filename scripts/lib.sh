@@ -31,6 +31,23 @@ ensure_venv() {
     fi
 }
 
+# find_python VERSION: an interpreter of that version (3.12), on the PATH or
+# one pyenv installed; nothing and status 1 if there is none.
+find_python() {
+    local version=$1 candidate
+    if "python$version" --version >/dev/null 2>&1; then
+        echo "python$version"
+        return 0
+    fi
+    for candidate in "${PYENV_ROOT:-$HOME/.pyenv}/versions/$version".*/bin/"python$version"; do
+        if [ -x "$candidate" ]; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
 # wait_for DESCRIPTION COMMAND...: retry COMMAND for up to 30 s.
 wait_for() {
     local what=$1
