@@ -10,8 +10,6 @@ import resource
 import subprocess
 import sys
 
-import pytest
-
 from ingest.connections import HEADROOM, connection_bound, limits_line
 
 RAISE = (
@@ -32,9 +30,9 @@ def raised_from(soft: int, hard: int) -> list:
 
 def test_the_soft_limit_is_raised_to_the_hard_one() -> None:
     hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
-    if hard <= 1024:
-        pytest.skip(f"this machine's hard limit ({hard}) leaves nothing to raise to")
-    assert raised_from(1024, hard) == [[1024, hard, hard], [hard, hard]]
+    # Below the hard limit, whatever this machine's is: never a skip.
+    soft = min(1024, hard // 2)
+    assert raised_from(soft, hard) == [[soft, hard, hard], [hard, hard]]
 
 
 def test_a_soft_limit_at_the_hard_one_stays() -> None:
