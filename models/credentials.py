@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Text, select, type_coerce, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from models.sealing import Keyring, SealingError, sealed_by
+from models.sealing import PREFIX, Keyring, SealingError, sealed_by
 from models.tables import CatchUpSource, SourceSecret
 
 #: Every column that holds a credential, with its table's key.
@@ -78,7 +78,7 @@ def reseal_batch(session: Session, keyring: Keyring, batch_size: int) -> Rotated
     not overwritten with its old value. The caller commits; a stopped
     rotation leaves every value readable, and the next run goes on."""
     done = Rotated()
-    wanted = f"enc:fernet:{keyring.primary_id}:%"
+    wanted = f"{PREFIX}{keyring.primary_id}:%"
     for column, key in COLUMNS:
         room = batch_size - done.resealed - done.raced
         if room <= 0:
