@@ -8,6 +8,7 @@ with their own database and publisher.
 from __future__ import annotations
 
 import hmac
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,10 +36,19 @@ from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
 from models.broker.connection import broker_transport, broker_transport_options
 from models.db import make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
+from models.providers import PROVIDERS
 from models.reports import Gaps, gaps
 from models.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
+
+
+def _summary() -> str:
+    """The API document's one line, naming every provider registered, so a new
+    provider cannot leave it stale."""
+    labels = [provider.label for provider in PROVIDERS.values()]
+    named = f"{', '.join(labels[:-1])} and {labels[-1]}" if len(labels) > 1 else labels[0]
+    return f"{named} webhooks in, tasks out: exactly once per external identity."
 
 
 def create_app(settings: Settings | None = None, *, publish: Publish | None = None) -> FastAPI:
@@ -89,8 +99,8 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
 
     app = FastAPI(
         title="taskhook",
-        summary="GitHub and Jira webhooks in, tasks out: exactly once per external identity.",
-        version="0.1.0",
+        summary=_summary(),
+        version=importlib.metadata.version("taskhook"),
         lifespan=lifespan,
     )
     # First, and outside FastAPI's endpoint machinery: the hot path (see ingest.webhooks).

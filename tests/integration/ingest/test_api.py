@@ -3,6 +3,8 @@ the order of checks, and two tenants who cannot see each other."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 
 import ingest.api
@@ -326,6 +328,13 @@ def test_another_tenant_gets_what_a_missing_object_gets_on_every_route(api: Api)
         assert (listing.status_code, listing.json()) == (404, {"error": "task not found"})
     task = api.client.get(f"/api/v1/tasks/{task_id}", headers=api.as_("acme-member")).json()
     assert (task["title"], task["archived_at"]) == ("Fix the login page", None)
+
+
+def test_the_openapi_document_names_every_provider_and_the_installed_version(api: Api):
+    info = api.client.get("/openapi.json").json()["info"]
+
+    assert info["summary"].startswith("GitHub, Jira and GitLab webhooks in")
+    assert info["version"] == importlib.metadata.version("taskhook")
 
 
 def test_the_openapi_document_describes_every_route_and_the_narrow_meanings(api: Api):

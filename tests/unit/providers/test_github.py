@@ -162,6 +162,38 @@ def test_the_default_create_events_are_handled() -> None:
     assert github.default_create_events <= github.handled_events
 
 
+#: Every action GitHub documents for the events a source's hook is subscribed
+#: to ("Webhook events and payloads": issues, pull_request; installation for a
+#: GitHub App's own hook). Each must be known -- handled or ignored -- so that
+#: the unknown-event count means an event GitHub added, or a hook subscribed to
+#: more than it needs.
+DOCUMENTED_ACTIONS = {
+    "issues": (
+        "assigned closed deleted demilestoned edited labeled locked milestoned opened "
+        "pinned reopened transferred typed unassigned unlabeled unlocked unpinned untyped"
+    ),
+    "pull_request": (
+        "assigned auto_merge_disabled auto_merge_enabled closed converted_to_draft "
+        "demilestoned dequeued edited enqueued labeled locked milestoned opened "
+        "ready_for_review reopened review_request_removed review_requested synchronize "
+        "unassigned unlabeled unlocked"
+    ),
+    "installation": "created deleted new_permissions_accepted suspend unsuspend",
+}
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        f"{name}.{action}"
+        for name, actions in DOCUMENTED_ACTIONS.items()
+        for action in actions.split()
+    ],
+)
+def test_every_documented_action_of_a_subscribed_event_is_known(event: str) -> None:
+    assert (event in github.handled_events) != (event in github.ignored_events)
+
+
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda path: path.stem)
 def test_every_fixture_event_is_either_handled_or_ignored(path: Path) -> None:
     payload = github.decode_body(JSON, path.read_bytes())
