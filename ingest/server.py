@@ -63,7 +63,7 @@ from ingest.connections import (
     limits_line,
     raise_open_files_limit,
 )
-from models import startup
+from models import logs, startup
 from models.settings import Settings, get_settings
 
 
@@ -339,6 +339,9 @@ def config_from(argv: list[str], settings: Settings) -> Config:
     parser.add_argument("--log-level", choices=list(LOG_LEVELS), default="info")
     parser.add_argument("--no-access-log", dest="access_log", action="store_false")
     args = parser.parse_args(argv)
+    # JSON lines (TASKHOOK_LOG_FORMAT=json) for uvicorn's loggers and ours;
+    # else uvicorn's own config, plain text.
+    json_lines = {"log_config": logs.uvicorn_log_config(args.log_level)}
     return Config(
         args.app,
         factory=args.factory,
@@ -348,6 +351,7 @@ def config_from(argv: list[str], settings: Settings) -> Config:
         loop=args.loop,
         log_level=args.log_level,
         access_log=args.access_log,
+        **(json_lines if logs.wants_json(settings.log_format) else {}),
     )
 
 
@@ -422,6 +426,7 @@ def main() -> None:
     # broker that refuses us is one line on stderr and exit 1
     # (models.startup). A broker that is down is a warning: the ingress
     # stores deliveries without it.
+    logs.set_process_role("ingress")
     settings = startup.service_settings()
     config = config_from(sys.argv[1:], settings)
     # Before anything opens a descriptor it keeps: as many open files as the

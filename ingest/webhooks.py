@@ -45,10 +45,12 @@ from starlette.types import Receive, Scope, Send
 
 from ingest.runtime import IngressRuntime, StoreUnavailable
 from ingest.schemas import ErrorBody
+from models import logs
 from models.errors import DeliveryRefused, RefusalKind
-from models.inbox import DeliveryStatus
+from models.inbox import DeliveryStatus, Recorded
 from models.intake import check_delivery_id, incoming_delivery, kept_header_names
 from models.providers import PROVIDERS, Provider, Verifier
+from models.sources import VerifyingSource
 
 #: Each refusal of the intake (``models.intake``) as the webhook routes answer
 #: it: the status, and the result the metrics count. The one place they meet.
@@ -211,6 +213,8 @@ async def _verify_and_store(
         max_age_seconds=runtime.settings.max_delivery_age_seconds,
     )
     recorded = await runtime.record_delivery(incoming)
+    if runtime.settings.log_each_delivery:
+        _log_stored(source, delivery_id, recorded)
     if recorded.payload_mismatch:
         runtime.metrics.payload_mismatches.labels(name).inc()
     else:
@@ -233,6 +237,25 @@ async def _verify_and_store(
         runtime.metrics.count_lane(lane.name.lower())
         runtime.relay.submit(recorded.pk, lane)
     return 202, b'{"delivery":%d,"status":"queued"}' % recorded.pk, "queued"
+
+
+def _log_stored(source: VerifyingSource, delivery_id: str, recorded: Recorded) -> None:
+    """The ingress's line for a delivery (``log_each_delivery``): the ids that
+    join it to the sender's log (delivery id) and to the worker's lines (inbox id)."""
+    logs.DELIVERIES.info(
+        "delivery %s from %s stored as %s (%s)",
+        delivery_id,
+        source.slug,
+        recorded.pk,
+        recorded.status.value if recorded.is_new else "duplicate",
+        extra={
+            "inbox_id": recorded.pk,
+            "delivery_id": delivery_id,
+            "source": source.slug,
+            "workspace": source.workspace_id,
+            "status": recorded.status.value if recorded.is_new else "duplicate",
+        },
+    )
 
 
 #: The most of a body not yet verified that is kept in memory; the rest of

@@ -342,6 +342,20 @@ class Settings(BaseSettings):
         "0.08 ms of CPU a message (docs/performance.md, section 11). Failures (ERROR) and "
         "retries (INFO) are logged either way; --loglevel DEBUG brings every line back.",
     )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="How every process writes its log lines: text, for a person at a "
+        "terminal; json, one object a line with the time, level, process and the ids of "
+        "the delivery it is about (inbox id, delivery id, source, workspace, external id, "
+        'task), for a machine (models/logs.py; docs/runbook.md, "Follow one delivery").',
+    )
+    log_each_delivery: bool = Field(
+        default=False,
+        description="One INFO line per delivery from the ingress (stored, with its ids) and "
+        "one from the worker (what its run recorded): with log_format json, a delivery's "
+        "lines join across processes by its inbox id. Off by default, like "
+        "worker_log_each_task: each row already says what the line would.",
+    )
     task_time_limit_seconds: int = Field(
         default=60,
         gt=0,

@@ -19,6 +19,7 @@ processes' own business (503s, retries, the sweeper).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -29,7 +30,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from models import sealing
+from models import logs, sealing
 from models.credentials import check_keys_cover
 from models.db import NoDatabase, make_engine
 from models.settings import (
@@ -71,7 +72,7 @@ def warn_about_unknown_variables(
             return
         _warned = True
     for warning in unknown_variables(os.environ if environ is None else environ):
-        print(f"{PREFIX}warning: {warning}", file=to or sys.stderr, flush=True)
+        _say(f"warning: {warning}", logging.WARNING, to=to or sys.stderr)
 
 
 def read_settings() -> Settings:
@@ -241,11 +242,10 @@ def service_ready(
             except BrokerDown as problem:
                 if not through_a_broker_outage:
                     raise
-                print(
-                    f"{PREFIX}warning: {problem}; starting anyway: deliveries are stored, "
+                _say(
+                    f"warning: {problem}; starting anyway: deliveries are stored, "
                     "and the sweeper sends them once the broker is back",
-                    file=sys.__stderr__ or sys.stderr,
-                    flush=True,
+                    logging.WARNING,
                 )
     except CannotStart as problem:
         refuse(problem)
@@ -256,5 +256,12 @@ def refuse(problem: CannotStart) -> NoReturn:
 
     The process's own stderr, even where Celery has put a logger in its place
     (beat does before it starts): one plain line, not a log record."""
-    print(f"{PREFIX}{problem}", file=sys.__stderr__ or sys.stderr, flush=True)
+    _say(str(problem), logging.CRITICAL)
     raise SystemExit(1)
+
+
+def _say(line: str, level: int, *, to: TextIO | None = None) -> None:
+    """``taskhook: <line>`` on the process's own stderr; with
+    ``TASKHOOK_LOG_FORMAT=json``, the same as one JSON object (``models.logs``)."""
+    text = logs.json_line("taskhook.startup", level, line) if logs.wants_json() else PREFIX + line
+    print(text, file=to or sys.__stderr__ or sys.stderr, flush=True)

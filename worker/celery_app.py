@@ -36,8 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.apps.beat import Beat
+from celery.apps.worker import Worker, install_worker_term_handler
 from celery.signals import (
     after_setup_logger,
+    after_setup_task_logger,
     celeryd_init,
     import_modules,
     worker_init,
@@ -47,7 +50,7 @@ from celery.signals import (
 )
 from celery.utils.log import mlevel
 
-from models import startup
+from models import logs, startup
 from models.broker import filesystem_transport
 from models.broker.connection import (
     broker_queues,
@@ -169,15 +172,20 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
     # (``celery worker`` does while it parses its options): a bad value is one
     # line and exit 1 there (models.startup), not a traceback from Celery's CLI.
     app.add_defaults(lambda: celery_config(settings or startup.service_settings()))
+    app.Beat = app.subclass_with_self(_Beat)
+    app.Worker = app.subclass_with_self(_Worker)
     return app
 
 
 @celeryd_init.connect
-def _worker_reaches_its_stores(**_: object) -> None:
+def _worker_reaches_its_stores(sender: str | None = None, **_: object) -> None:
+    logs.set_process_role(sender or "worker")  # its node name: deliveries@host, live@host
     # Before the worker connects or says "ready": its database and its broker
     # answer, or one line and exit 1. A worker with beat embedded (-B) is
     # checked once, here.
     global _checked
+    if logs.wants_json():  # before Celery's first warning (running as root, say)
+        logs.install_json_handler()
     startup.service_ready(runtime.settings())
     _checked = True
 
@@ -186,6 +194,7 @@ def _beat_reaches_its_broker(**_: object) -> None:
     # Beat only sends messages; the database is the worker's. Connected to
     # import_modules below, not beat_init: beat logs "Starting..." before that.
     if not _checked:
+        logs.set_process_role("beat")
         startup.service_ready(runtime.settings(), database=False)
 
 
@@ -222,6 +231,14 @@ def _dispose_engine(**_: object) -> None:
 
 
 @worker_shutting_down.connect
+def _said_shutting_down(sender: str | None = None, how: str = "Warm", **_: object) -> None:
+    # Celery says it with a bare write, from its signal handler; with JSON
+    # lines so do we (logging's locks are not for signal handlers).
+    if logs.wants_json():
+        logs.say("celery.worker", f"worker: {how} shutdown (MainProcess)")
+
+
+@worker_shutting_down.connect
 def _stop_waiting_for_messages(**_: object) -> None:
     # Sent from the SIGTERM handler. On the embedded broker Celery's loop
     # would wait up to 2 s for a message, twice, before it stops: honcho kills
@@ -232,6 +249,48 @@ def _stop_waiting_for_messages(**_: object) -> None:
 #: Celery's loggers of its INFO lines for every task: "received"
 #: (``celery.worker.strategy``) and "succeeded" (``celery.app.trace``).
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
+
+class _Beat(Beat):
+    """``celery beat``, whose start-up banner (printed to stdout, before any
+    handler exists) becomes one log line when the lines are JSON."""
+
+    def __init__(self, *args: Any, quiet: bool = False, **kwargs: Any) -> None:
+        self.json_lines = logs.wants_json()
+        if self.json_lines:
+            logs.install_json_handler()
+        super().__init__(*args, quiet=quiet or self.json_lines, **kwargs)
+
+    def run(self) -> None:
+        if self.json_lines:
+            logging.getLogger("celery.beat").info("celery beat is starting")
+        super().run()
+
+
+class _Worker(Worker):
+    """``celery worker``, whose banner and "Warm shutdown" (printed to the
+    terminal, past every handler) are log lines when the lines are JSON."""
+
+    def emit_banner(self) -> None:
+        if not logs.wants_json():
+            return super().emit_banner()
+        logging.getLogger("celery.worker").info(
+            "%s starting", self.hostname, extra={"banner": self.startup_info(artlines=False)}
+        )
+
+    def install_platform_tweaks(self, worker: Any) -> None:
+        super().install_platform_tweaks(worker)
+        if logs.wants_json():
+            install_worker_term_handler(worker, verbose=False)  # said by _said_shutting_down
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _json_lines(logger: logging.Logger | None = None, **_: object) -> None:
+    # TASKHOOK_LOG_FORMAT=json: the handlers Celery just made write JSON
+    # lines (models.logs), the task logger's as well as the root's.
+    if logger is not None and logs.wants_json():
+        logs.use_json_on(logger)
 
 
 @after_setup_logger.connect

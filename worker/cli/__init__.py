@@ -45,6 +45,7 @@ import getpass  # noqa: F401
 
 import click
 
+from models import logs
 from worker.cli.catchup import catch_up
 from worker.cli.db import db
 from worker.cli.deliveries import deliveries, stats
@@ -98,4 +99,5 @@ for _command in (
 
 def main() -> None:
     """The ``taskhook`` console script."""
+    logs.configure_cli()
     cli(prog_name="taskhook")

@@ -32,6 +32,7 @@ from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
+from models import logs
 from models.db import transaction
 from models.inbox import DeliveryStatus, park_lost
 from models.settings import Settings
@@ -138,6 +139,27 @@ def process_deliveries(
 
 
 def _run(run: Run, retries: int, start: Callable[[LookupMisses], Start]) -> Processed:
+    """A key's run, every line it logs carrying the delivery's ids
+    (``models.logs``), and with ``log_each_delivery`` one line for what it
+    recorded."""
+    with logs.delivery_context(inbox_id=run.delivery_pk):
+        processed = _run_from_start(run, retries, start)
+        logs.bind(task=processed.task_id)
+        if run.settings.log_each_delivery:
+            logs.DELIVERIES.info(
+                "delivery %s recorded %s",
+                run.delivery_pk,
+                processed.outcome or (processed.status and processed.status.value) or "nothing",
+                extra={
+                    "status": processed.status and processed.status.value,
+                    "outcome": processed.outcome,
+                    "path": processed.path,
+                },
+            )
+        return processed
+
+
+def _run_from_start(run: Run, retries: int, start: Callable[[LookupMisses], Start]) -> Processed:
     """A key's run from its start: the fast path's settlement of a plain
     case, or the general path; every error answered here, once."""
     session = run.session
@@ -151,6 +173,8 @@ def _run(run: Run, retries: int, start: Callable[[LookupMisses], Start]) -> Proc
         lease = replace(started.claimed.lease, retries=max(started.claimed.lease.retries, retries))
         attempt = Attempt(run, lease)
         if started.inserted is not None:
+            task = started.inserted.task
+            logs.bind(workspace=task.workspace_id, external_id=task.external_id, task=task.id)
             return replace(settle_fast(attempt, started), path=started.path)
         return replace(create_on_the_general_path(attempt, misses), path="general")
     except run.transient as error:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models import logs
 from models.access import Caller
 from models.db import transaction
 from models.errors import InvalidExternalId, InvalidTask, LeaseTakenOver, TaskNotFound
@@ -129,6 +130,7 @@ def create_on_the_general_path(attempt: Attempt, misses: LookupMisses) -> Proces
     """The general path, from a committed lease: read the body, create, record."""
     session, lease = attempt.session, attempt.lease
     work = read_claimed(session, lease)
+    logs.bind(source=work.source_slug, workspace=work.workspace_id)
     # Checked here as well as at the ingress: the source's events may have
     # changed since the delivery was stored.
     if work.event not in work.create_events:
@@ -168,6 +170,7 @@ def create_on_the_general_path(attempt: Attempt, misses: LookupMisses) -> Proces
         )
     except InvalidTask as error:
         return attempt.finish(DeliveryStatus.DEAD, reason=f"unsupported payload: {error}")
+    logs.bind(external_id=new.external_id)
 
     if work.created_task_id is not None:
         return _finish_earlier_attempts_create(attempt, work.created_task_id, new)
