@@ -33,6 +33,7 @@ from ingest.mcp import BearerGuard, build_mcp_server, principal_from_scope
 from ingest.metrics import InboxReading, IngressMetrics
 from ingest.relay import Publish, Relay, celery_publisher
 from ingest.runtime import IngressRuntime, StoreUnavailable, inbox_opened
+from models import tracing
 from models.broker.connection import broker_transport, broker_transport_options
 from models.db import make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
@@ -55,6 +56,9 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     """The ingress for ``settings`` (the environment's by default). ``publish``
     replaces the Celery publisher (tests use it to see what would be enqueued)."""
     settings = settings or get_settings()
+    # Before the lifespan makes its engine: the SQLAlchemy instrumentation
+    # traces the engines made after it (models.tracing; off by default).
+    tracing.start("ingress")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -141,6 +145,7 @@ def create_app(settings: Settings | None = None, *, publish: Publish | None = No
     # and then re-raise, so uvicorn would log it again and drop the
     # keep-alive connection).
     app.add_middleware(UnexpectedErrors, retry_after=settings.retry_after_seconds)
+    tracing.instrument_app(app)
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
     return app
 

@@ -33,6 +33,7 @@ from celery.utils.saferepr import saferepr
 from kombu.exceptions import ChannelError
 from kombu.utils.uuid import uuid
 
+from models import tracing
 from models.broker.connection import broker_queues, broker_transport, broker_transport_options
 from models.broker.lanes import Lane, keys_per_message
 from models.broker.messages import (
@@ -84,6 +85,7 @@ def celery_publisher(settings: Settings) -> Publish:
                         producer=producer,
                         retry=True,
                         retry_policy=retry_policy,
+                        headers=_traced(group),
                     )
                 return False
             # Redis: the whole batch goes out in one pipeline (one round trip),
@@ -110,6 +112,8 @@ def celery_publisher(settings: Settings) -> Publish:
             with producer.batch(max_size=len(groups)):
                 for group in groups:
                     body, headers, properties = messages.message(group)
+                    if tracing.ON:
+                        headers = {**headers, **(_traced(group) or {})}
                     producer.publish(
                         body,
                         exchange="",
@@ -123,6 +127,15 @@ def celery_publisher(settings: Settings) -> Publish:
             return waiting > 0
 
     return publish
+
+
+def _traced(group: Sequence[int]) -> dict[str, object] | None:
+    """The message header that puts each key's worker run in its trace
+    (``models.tracing``); None when not tracing, or no key has a context."""
+    if not tracing.ON:
+        return None
+    contexts = tracing.take(group)
+    return {tracing.TRACES_HEADER: tracing.relay_send(contexts)} if contexts else None
 
 
 def _messages_waiting(channel) -> int:

@@ -45,7 +45,7 @@ from starlette.types import Receive, Scope, Send
 
 from ingest.runtime import IngressRuntime, StoreUnavailable
 from ingest.schemas import ErrorBody
-from models import logs
+from models import logs, tracing
 from models.errors import DeliveryRefused, RefusalKind
 from models.inbox import DeliveryStatus, Recorded
 from models.intake import check_delivery_id, incoming_delivery, kept_header_names
@@ -180,7 +180,10 @@ async def _verify_and_store(
     # the ingress hold a large body in memory.
     verifier = provider.verifier(headers, source.secrets)
     limit = runtime.settings.max_body_bytes
-    with await _receive_body(receive, headers.get("content-length"), limit, verifier) as received:
+    with (
+        await _receive_body(receive, headers.get("content-length"), limit, verifier) as received,
+        tracing.span("verify", **{"taskhook.source": slug}),
+    ):
         if not verifier.matches():
             runtime.metrics.rejected_signatures.labels(name).inc()
             raise Refusal(401, "missing or invalid signature", "bad_signature")
@@ -211,8 +214,10 @@ async def _verify_and_store(
         body_sha256=body_sha256,
         kept_headers=_kept_headers(headers, kept_raw),
         max_age_seconds=runtime.settings.max_delivery_age_seconds,
+        trace_context=tracing.current_traceparent(),
     )
-    recorded = await runtime.record_delivery(incoming)
+    with tracing.span("inbox write"):
+        recorded = await runtime.record_delivery(incoming)
     if runtime.settings.log_each_delivery:
         _log_stored(source, delivery_id, recorded)
     if recorded.payload_mismatch:
@@ -235,6 +240,7 @@ async def _verify_and_store(
     if not source.paused:
         lane = runtime.flood_gate.lane(source.id, source.lane)
         runtime.metrics.count_lane(lane.name.lower())
+        tracing.remember(recorded.pk, incoming.trace_context)
         runtime.relay.submit(recorded.pk, lane)
     return 202, b'{"delivery":%d,"status":"queued"}' % recorded.pk, "queued"
 

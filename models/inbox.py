@@ -132,6 +132,8 @@ class IncomingDelivery:
     origin: str = WEBHOOK_ORIGIN
     #: The catch-up run that stored it; None for a webhook's.
     catchup_run_id: int | None = None
+    #: The traceparent of the span storing it (``models.tracing``); None when off.
+    trace_context: str | None = None
     #: The provider that reads the body (``models.providers.PROVIDERS``): how
     #: a body under a stored delivery id is compared with the stored one
     #: (:func:`same_payload`). None: read as JSON.
@@ -293,6 +295,7 @@ def delivery_values(incoming: IncomingDelivery) -> dict[str, object]:
         "external_id": incoming.external_id,
         "origin": incoming.origin,
         "catchup_run_id": incoming.catchup_run_id,
+        "trace_context": incoming.trace_context,
         **_draft_columns(incoming.task),
     }
 
@@ -414,6 +417,7 @@ _INSERTED_COLUMNS = (
     "external_id",
     "origin",
     "catchup_run_id",
+    "trace_context",
     *DRAFT_COLUMNS,
 )
 

@@ -124,6 +124,7 @@ def incoming_delivery(
     body_sha256: str,
     kept_headers: Mapping[str, str],
     max_age_seconds: float,
+    trace_context: str | None = None,
 ) -> tuple[IncomingDelivery, bool]:
     """The inbox row for a delivery of ``source`` proven to come from its
     sender, and whether its event is one the provider knows (handled or
@@ -196,6 +197,7 @@ def incoming_delivery(
         external_id=reading.external_id,
         task=reading.task,
         provider=provider.name,
+        trace_context=trace_context,
     )
     return incoming, known
 

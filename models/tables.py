@@ -596,6 +596,9 @@ class Delivery(Base):
     origin: Mapped[str] = mapped_column(String(16), server_default=text("'webhook'"))
     #: The catch-up run that stored it (``catchup_runs.id``); None for a webhook's.
     catchup_run_id: Mapped[int | None] = mapped_column(Integer)
+    #: The W3C traceparent of the span that stored it, when tracing is on
+    #: (models/tracing.py): every later run of the delivery links to it.
+    trace_context: Mapped[str | None] = mapped_column(String(55))
 
 
 class ApiToken(Base):

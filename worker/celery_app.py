@@ -50,7 +50,7 @@ from celery.signals import (
 )
 from celery.utils.log import mlevel
 
-from models import logs, startup
+from models import logs, startup, tracing
 from models.broker import filesystem_transport
 from models.broker.connection import (
     broker_queues,
@@ -217,10 +217,21 @@ def _declare_every_queue(sender: Any = None, **_: object) -> None:
             queue(connection.default_channel).declare()
 
 
+@worker_init.connect
+def _trace_the_threads(sender: Any = None, **_: object) -> None:
+    # Threads and solo run tasks in this process: traced from here. Prefork's
+    # children start their own after the fork (below): the span exporter's
+    # thread does not survive one.
+    if "prefork" not in str(getattr(sender, "pool_cls", "")):
+        tracing.start("worker")
+
+
 @worker_process_init.connect
 def _build_engine_in_the_child(**_: object) -> None:
-    # After the fork: drop (without closing) anything inherited from the
-    # parent, then connect from this process.
+    # After the fork: trace from this process (before its engine, which the
+    # SQLAlchemy instrumentation then sees), drop (without closing) anything
+    # inherited from the parent, then connect from this process.
+    tracing.start("worker")
     runtime.reset(close=False)
     runtime.sessions()
 

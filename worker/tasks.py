@@ -15,6 +15,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
+from models import tracing
 from models.broker.connection import broker_countdown
 from models.broker.lanes import Sender, lane_of, lane_of_queue
 from models.broker.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
@@ -43,7 +44,8 @@ def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
     """PROCESS_DELIVERY(delivery_pk): turn the stored delivery into its task, once."""
     # The message's own count; the budget is the row's (deliveries.retries),
     # which the sweeper's message for a dead worker's delivery does not reset.
-    processed = _process(int(delivery_pk), retries=self.request.retries or 0)
+    with tracing.message(self.request):
+        processed = _process(int(delivery_pk), retries=self.request.retries or 0)
     processing.FAILPOINTS.before_ack(int(delivery_pk))
     if processed.retry_in is not None:
         # Sent after the deferral committed; the lease holds until it is due.
@@ -67,7 +69,7 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
     finished by its next attempt.
     """
     pks = [int(key) for key in delivery_pks]
-    with session_scope(runtime.sessions()) as session:
+    with tracing.message(self.request), session_scope(runtime.sessions()) as session:
         answers = processing.process_deliveries(
             session=session, delivery_pks=pks, settings=runtime.settings(), transient=_TRANSIENT
         )

@@ -53,6 +53,7 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from models import tracing
 from models.catchup import (
     GITHUB_LOG_RETENTION,
     GITLAB_KIND,
@@ -704,7 +705,14 @@ def _store_all(
         for one in found:
             incoming = _incoming(provider, source, one, report)
             if incoming is not None:
-                batch.append(replace(incoming, origin=origin, catchup_run_id=report.run_id))
+                batch.append(
+                    replace(
+                        incoming,
+                        origin=origin,
+                        catchup_run_id=report.run_id,
+                        trace_context=tracing.current_traceparent(),
+                    )
+                )
             if len(batch) >= STORE_BATCH:
                 full, batch = batch, []
                 _store_batch(sessions, full, report, send)

@@ -30,12 +30,14 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import replace
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import logs
+from models import logs, tracing
 from models.db import transaction
 from models.inbox import DeliveryStatus, park_lost
 from models.settings import Settings
+from models.tables import Delivery
 from worker.processing.attempt import (
     CREATE_REFUSALS,
     TRANSIENT_ERRORS,
@@ -142,9 +144,14 @@ def _run(run: Run, retries: int, start: Callable[[LookupMisses], Start]) -> Proc
     """A key's run, every line it logs carrying the delivery's ids
     (``models.logs``), and with ``log_each_delivery`` one line for what it
     recorded."""
-    with logs.delivery_context(inbox_id=run.delivery_pk):
+    with (
+        logs.delivery_context(inbox_id=run.delivery_pk),
+        tracing.delivery_run(run.delivery_pk, lambda: stored_trace_context(run)) as span,
+    ):
         processed = _run_from_start(run, retries, start)
         logs.bind(task=processed.task_id)
+        if span is not None:
+            span.set_attributes(processed.span_attributes())
         if run.settings.log_each_delivery:
             logs.DELIVERIES.info(
                 "delivery %s recorded %s",
@@ -159,6 +166,12 @@ def _run(run: Run, retries: int, start: Callable[[LookupMisses], Start]) -> Proc
         return processed
 
 
+def stored_trace_context(run: Run) -> str | None:
+    """The traceparent the delivery was stored under: what a run its message
+    did not start in the first trace links to (``models.tracing``)."""
+    return run.session.scalar(select(Delivery.trace_context).where(Delivery.id == run.delivery_pk))
+
+
 def _run_from_start(run: Run, retries: int, start: Callable[[LookupMisses], Start]) -> Processed:
     """A key's run from its start: the fast path's settlement of a plain
     case, or the general path; every error answered here, once."""
@@ -166,7 +179,8 @@ def _run_from_start(run: Run, retries: int, start: Callable[[LookupMisses], Star
     lease = None  # set once the claim has committed
     try:
         misses = LookupMisses()
-        started = start(misses)
+        with tracing.span("claim"):
+            started = start(misses)
         if started.claimed is None:
             return _not_claimed(run)
         # The row's budget, which a crash does not refill (process_delivery).
@@ -175,8 +189,10 @@ def _run_from_start(run: Run, retries: int, start: Callable[[LookupMisses], Star
         if started.inserted is not None:
             task = started.inserted.task
             logs.bind(workspace=task.workspace_id, external_id=task.external_id, task=task.id)
-            return replace(settle_fast(attempt, started), path=started.path)
-        return replace(create_on_the_general_path(attempt, misses), path="general")
+            with tracing.span("settle"):
+                return replace(settle_fast(attempt, started), path=started.path)
+        with tracing.span("create"):
+            return replace(create_on_the_general_path(attempt, misses), path="general")
     except run.transient as error:
         session.rollback()  # whatever the failed statement left open
         return after_transient_error(run, lease, error, retries)

@@ -71,6 +71,16 @@ class Processed:
     #: of its message) or "general"; None when this run claimed nothing.
     path: str | None = None
 
+    def span_attributes(self) -> dict[str, str | int]:
+        """What the run recorded, as its span's attributes (``models.tracing``)."""
+        found = {
+            "taskhook.status": None if self.status is None else self.status.value,
+            "taskhook.outcome": self.outcome,
+            "taskhook.task_id": self.task_id,
+            "taskhook.path": self.path,
+        }
+        return {key: value for key, value in found.items() if value is not None}
+
     def as_dict(self) -> dict[str, object]:
         return {
             "delivery": self.delivery_pk,

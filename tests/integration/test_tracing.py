@@ -1,0 +1,133 @@
+"""One trace per delivery (models/tracing.py), with the SDK's in-memory
+exporter, on SQLite and PostgreSQL: the POST and its steps, the row's
+context, the relay's send, the worker's run as its child, and every later
+run a new trace linked to the first. Across real processes, with OTLP:
+tests/e2e/test_tracing.py."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from celery.app.task import Context
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from sqlalchemy import update
+
+from models import tracing
+from models.db import session_scope
+from models.tables import Delivery
+from tests.support.ingress import Ingress, open_ingress
+from tests.support.runs import run
+from tests.support.stores import Store
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    tracing.start("test", exporter=exporter)
+    try:
+        yield exporter
+    finally:
+        tracing.stop()
+
+
+@pytest.fixture
+def traced_ingress(store: Store, spans) -> Iterator[Ingress]:
+    # Made after tracing starts: the app's middleware is added only then.
+    with contextlib.contextmanager(open_ingress)(store) as ingress:
+        yield ingress
+
+
+def by_name(exporter: InMemorySpanExporter, name: str) -> list:
+    return [span for span in exporter.get_finished_spans() if span.name == name]
+
+
+def first_trace(ingress: Ingress, spans: InMemorySpanExporter) -> tuple[int, str]:
+    """A GitHub delivery posted: its inbox id and the context its row keeps."""
+    response = ingress.github("issues__opened")
+    assert response.status_code == 202
+    (row,) = ingress.deliveries()
+    return row.id, row.trace_context
+
+
+def run_message(store: Store, pk: int, request: Context) -> None:
+    """The worker's run of ``pk`` as a Celery task runs it for ``request``."""
+    with tracing.message(request):
+        run(store, pk)
+
+
+def test_the_post_its_verification_and_inbox_write_are_one_trace_the_row_keeps(
+    traced_ingress: Ingress, spans
+):
+    pk, stored = first_trace(traced_ingress, spans)
+
+    (server,) = [s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER]
+    (verify,) = by_name(spans, "verify")
+    (write,) = by_name(spans, "inbox write")
+    trace_id = server.context.trace_id
+    assert verify.context.trace_id == write.context.trace_id == trace_id
+    assert verify.parent.span_id == write.parent.span_id == server.context.span_id
+    assert stored.split("-")[1:3] == [f"{trace_id:032x}", f"{server.context.span_id:016x}"]
+    assert traced_ingress.published == [pk]
+
+
+def test_the_workers_first_run_is_a_child_of_the_relays_send(traced_ingress: Ingress, spans):
+    pk, stored = first_trace(traced_ingress, spans)
+    header = tracing.relay_send({pk: stored})
+
+    run_message(
+        traced_ingress.store, pk, Context(delivery_info={}, retries=0, taskhook_traces=header)
+    )
+
+    (send,) = by_name(spans, "relay send")
+    (process,) = by_name(spans, "process delivery")
+    (claim,) = by_name(spans, "claim")
+    trace_id = int(stored.split("-")[1], 16)
+    assert send.context.trace_id == process.context.trace_id == trace_id
+    assert process.parent.span_id == send.context.span_id
+    assert claim.parent.span_id == process.context.span_id
+    assert process.attributes["taskhook.inbox_id"] == pk
+    assert process.attributes["taskhook.outcome"] == "created"
+    assert not process.links
+
+
+@pytest.mark.parametrize(
+    "request_of",
+    [
+        pytest.param(
+            lambda header: Context(
+                delivery_info={"redelivered": True}, retries=0, taskhook_traces=header
+            ),
+            id="broker-redelivery",
+        ),
+        pytest.param(
+            lambda header: Context(delivery_info={}, retries=2, taskhook_traces=header), id="retry"
+        ),
+        pytest.param(lambda header: Context(delivery_info={}, retries=0), id="sweeper-or-replay"),
+    ],
+)
+def test_a_later_run_is_a_new_trace_linked_to_the_first(traced_ingress: Ingress, spans, request_of):
+    pk, stored = first_trace(traced_ingress, spans)
+    header = tracing.relay_send({pk: stored})
+    with session_scope(traced_ingress.store.sessions) as session:  # a row put back in the queue
+        session.execute(update(Delivery).where(Delivery.id == pk).values(status="queued"))
+
+    run_message(traced_ingress.store, pk, request_of(header))
+
+    (process,) = by_name(spans, "process delivery")
+    first_trace_id = int(stored.split("-")[1], 16)
+    assert process.context.trace_id != first_trace_id
+    assert process.parent is None
+    (link,) = process.links
+    assert link.context.trace_id == first_trace_id
+
+
+def test_off_nothing_is_traced_and_nothing_is_stored(store: Store):
+    assert not tracing.ON
+    with contextlib.contextmanager(open_ingress)(store) as ingress:
+        pk, stored = first_trace(ingress, None)
+    assert stored is None
+    assert tracing.current_traceparent() is None
+    assert tracing.take([pk]) == {}
