@@ -22,9 +22,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from ingest.group_commit import GroupCommitInbox
 from ingest.limits import StreamSlots
 from ingest.metrics import IngressMetrics
+from ingest.refusals import Refusals
 from ingest.relay import Relay
 from models.broker.lanes import FloodGate
-from models.db import session_scope
+from models.db import libpq_conninfo, session_scope
 from models.inbox import (
     InboxStep,
     IncomingDelivery,
@@ -77,6 +78,8 @@ class IngressRuntime:
     #: sha256 and the event header), for the last deliveries this process
     #: stored (committed); oldest first.
     _recent: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict, repr=False)
+    #: When deliveries were answered 503 for want of a store (``ingest.refusals``).
+    refusals: Refusals = field(default_factory=Refusals, repr=False)
 
     def __post_init__(self) -> None:
         self.flood_gate = FloodGate(
@@ -303,7 +306,7 @@ def postgres_conninfo(runtime: IngressRuntime) -> str | None:
     url = runtime.sessions.kw["bind"].url
     if url.get_backend_name() != "postgresql":
         return None
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_conninfo(url)
 
 
 @contextlib.asynccontextmanager

@@ -105,10 +105,13 @@ class WebhookRoute:
             (status, result), answer = ANSWER_OF_REFUSAL[refused.refusal], _error(str(refused))
         except StoreUnavailable:
             status, answer, result = 503, _STORE_UNAVAILABLE, "store_unavailable"
+            runtime.refusals.refused()  # the catch-up's to recover (ingest.refusals)
             retry_after = str(runtime.settings.retry_after_seconds).encode("latin-1")
             headers = ((b"retry-after", retry_after),)
         finally:
             runtime.metrics.observe_latency(name, time.perf_counter() - started)
+        if status < 300:
+            runtime.refusals.stored()
         # Only when asked for (source names are guessable, and /metrics may be
         # open); never a slug nobody registered, nor one that could not be
         # looked up: random URLs must not grow the series.

@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg.conninfo
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from models.postgres_hosts import spread_hosts
 from models.settings import Settings
 from models.sqlite_writer import WriterConnection, WriterLock, lock_file_for
 
@@ -47,6 +50,7 @@ def make_engine(
     a server; SQLite takes none of them. Without ``settings``, the defaults:
     the environment is read at a process's edge (``models.settings``), not here.
     """
+    url = spread_hosts(url)
     parsed = make_url(url)
     # A statement's parameters are a request's values (a title, a description):
     # never in an error message, so never in a log line.
@@ -93,6 +97,20 @@ def make_engine(
             cursor.connection.take_writer_lock_before(statement)
 
     return engine
+
+
+def libpq_conninfo(url: str | URL) -> str:
+    """libpq's connection string for a PostgreSQL URL, for a psycopg connection
+    of our own (the ingress's inbox writer and event listener). Built by the
+    dialect that reads the URL for the engines, so both connect alike: the
+    URL rendered as a string would hand libpq ``host=h1:5432&host=h2:5432``,
+    which it reads as one host named ``h2:5432`` (``models.postgres_hosts``)."""
+    url = make_url(spread_hosts(url) if isinstance(url, str) else url)
+    _, options = PGDialect_psycopg().create_connect_args(url)
+    # Only libpq's keywords: the dialect may add psycopg's adapters ("context").
+    return psycopg.conninfo.make_conninfo(
+        **{key: value for key, value in options.items() if isinstance(value, str | int)}
+    )
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -37,6 +37,8 @@ import annotated_types
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from models.postgres_hosts import spread_hosts
+
 #: Deliveries one worker process runs at once, unless set: on PostgreSQL its
 #: threads overlap their waits on the server; on SQLite's one write lock two
 #: let one thread's Python run while the other writes, and more only queue.
@@ -477,7 +479,8 @@ class Settings(BaseSettings):
                 f"TASKHOOK_DATABASE_URL={for_people(value)!r}: must be a SQLite or PostgreSQL "
                 "URL: sqlite:///path/to/taskhook.db or postgresql+psycopg://user:password@host/db"
             )
-        return f"{DATABASE_SCHEMES[scheme.lower()]}://{rest}"
+        # Several hosts (a primary and its standbys) in the form SQLAlchemy reads.
+        return spread_hosts(f"{DATABASE_SCHEMES[scheme.lower()]}://{rest}")
 
     @field_validator("broker_url")
     @classmethod
@@ -668,6 +671,7 @@ def _allowed(field: str) -> str:
 
 def for_people(url: str) -> str:
     """``url`` with its password, if any, replaced by ``***``: safe to print."""
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url)  # libpq takes it as a parameter too
     return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 

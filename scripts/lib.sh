@@ -155,3 +155,13 @@ ensure_chromium() {
     require_commands "the console's browser tests will fail (apt-get install chromium chromium-driver)" \
         chromium chromedriver
 }
+
+# ensure_kubectl: kubectl renders deploy/kubernetes/ (`kubectl kustomize`,
+# its built-in kustomize) for tests/deploy/test_kubernetes.py; no cluster is
+# needed or reached. When it is not on PATH, install Debian's
+# kubernetes-client package. In CI (CI=true) a kubectl still missing fails.
+ensure_kubectl() {
+    command -v kubectl >/dev/null && return 0
+    apt_install "kubectl (Debian's kubernetes-client package)" kubernetes-client || true
+    require_commands "tests/deploy will fail (apt-get install kubernetes-client)" kubectl
+}

@@ -18,7 +18,7 @@ from models.errors import InvalidOperation, SourceNotFound
 from models.settings import Settings
 from models.sources import add_source
 from models.tables import CatchUpRun, IngressHeartbeat, utcnow
-from models.uptime import Window, downtime, uncovered
+from models.uptime import Window, downtime, ingress_refused, uncovered
 from tests.support.processes import wait_until
 from tests.support.scenarios import SECRET, a_source
 from tests.support.stores import Store
@@ -76,6 +76,62 @@ def test_a_clean_stop_ends_the_uptime_there(store: Store):
 
     assert window == Window(stop, now - timedelta(hours=1))
     assert window.since == stop
+
+
+def test_a_stretch_of_503s_is_a_window_even_while_another_process_was_up(store: Store):
+    """The database failed over under a process that stayed up: it answered
+    deliveries 503 from ``since`` until it stored one at ``until``. GitHub
+    sends those to no one else, so another process being up covers nothing."""
+    now = utcnow()
+    up(store, now - timedelta(hours=3), now)  # another process, up all along
+    since, until = now - timedelta(hours=2), now - timedelta(hours=2) + timedelta(seconds=7)
+    with session_scope(store.sessions) as session:
+        beat = IngressHeartbeat(
+            host="h2", pid=2, started_at=now - timedelta(hours=3), last_seen_at=since
+        )
+        session.add(beat)
+        session.flush()
+        ingress_refused(
+            session=session, heartbeat_id=beat.id, since=since, until=until, host="h2", pid=2
+        )
+    with session_scope(store.sessions) as session:
+        windows = downtime(session=session, heartbeat_seconds=BEAT, now=now)
+        rows = session.scalars(select(IngressHeartbeat).where(IngressHeartbeat.host == "h2"))
+        spans = sorted((row.started_at, row.stopped_at) for row in rows)
+
+    assert windows == [Window(since, until, refused=True)]
+    assert windows[0].seconds == 7
+    # The process goes on in a new row from the moment it stored again.
+    assert spans == [(now - timedelta(hours=3), since), (until, None)]
+
+
+def test_windows_that_overlap_are_one(store: Store):
+    now = utcnow()
+    t = now - timedelta(hours=3)
+    up(store, t, t + timedelta(minutes=10), stopped=True)
+    up(store, t + timedelta(minutes=30), now)
+    with session_scope(store.sessions) as session:
+        beat = IngressHeartbeat(host="h3", pid=3, started_at=t, last_seen_at=t)
+        session.add(beat)
+        session.flush()
+        ingress_refused(
+            session=session,
+            heartbeat_id=beat.id,
+            since=t + timedelta(minutes=5),
+            until=t + timedelta(minutes=20),
+            host="h3",
+            pid=3,
+        )
+        session.flush()
+        # That process stopped cleanly right after it stored again.
+        session.execute(
+            IngressHeartbeat.__table__.update()
+            .where(IngressHeartbeat.host == "h3", IngressHeartbeat.stopped_at.is_(None))
+            .values(stopped_at=t + timedelta(minutes=20))
+        )
+    with session_scope(store.sessions) as session:
+        windows = downtime(session=session, heartbeat_seconds=BEAT, now=now)
+    assert windows == [Window(t + timedelta(minutes=5), t + timedelta(minutes=30), refused=True)]
 
 
 def test_a_window_still_open_ends_now(store: Store):

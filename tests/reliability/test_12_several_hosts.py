@@ -58,7 +58,6 @@ import ast
 import contextlib
 import os
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -84,6 +83,7 @@ from tests.support.processes import (
     wait_until,
     worker_environment,
 )
+from tests.support.procfile import expanded, procfile
 from tests.support.stack import (
     add_tenant,
     assert_each_jira_issue_done_once,
@@ -165,22 +165,10 @@ def done_in(text: str, skip: frozenset[str] | set[str] = frozenset()) -> int:
 # --- the Procfile, as each host runs it ----------------------------------------------------------
 
 
-def procfile() -> dict[str, str]:
-    entries = {}
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            name, _, command = line.partition(":")
-            entries[name.strip()] = command.strip()
-    return entries
-
-
 def argv(command: str, env: dict[str, str], hostname: str) -> list[str]:
     """A Procfile command as argv: ``${VAR:-default}`` expanded from ``env``,
     ``%h`` (Celery's host name) the host's, the programs from this virtualenv."""
-    command = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m[1]) or m[2], command).replace(
-        "%h", hostname
-    )
-    words = shlex.split(command)
+    words = expanded(command.replace("%h", hostname), env)
     programs = {
         "celery": [sys.executable, "-m", "celery"],
         "python": [sys.executable],

@@ -82,12 +82,13 @@ class WorkerProcess:
         env: dict[str, str],
         *,
         preexec_fn: Callable[[], object] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         self.name, self.log = name, log
         with log.open("wb") as output:
             self.process = subprocess.Popen(
                 args,
-                cwd=ROOT,
+                cwd=cwd,
                 env=env,
                 stdout=output,
                 stderr=subprocess.STDOUT,

@@ -204,6 +204,8 @@ class PrivatePostgres:
         # destroy() copies it next to the other logs of the run.
         self.log = self.folder / "postgres.log"
         self.kept_log = logs / f"postgres-{self.port}.log"
+        #: More server settings, ``-c name=value`` each (a standby's, say).
+        self.settings: dict[str, str] = {}
         self._owner = None
         if os.geteuid() == 0:
             self._owner = pwd.getpwnam("postgres")
@@ -212,17 +214,23 @@ class PrivatePostgres:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres:{self.password}@127.0.0.1:{self.port}/{database}"
 
-    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def _run(
+        self, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         command = [str(POSTGRES_BIN / args[0]), *args[1:]]
         if self._owner is not None:
             command = ["runuser", "-u", "postgres", "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        environment = None if env is None else os.environ | env
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=environment
+        )
         if done.returncode != 0:
             pytest.fail(f"{' '.join(args[:2])} failed: {done.stdout}{done.stderr}", False)
         return done
 
     def _options(self) -> str:
-        return f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=on"
+        more = "".join(f" -c {name}={value}" for name, value in self.settings.items())
+        return f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=on{more}"
 
     def init(self) -> PrivatePostgres:
         password_file = self.folder / "pw"

@@ -657,8 +657,13 @@ def _print_gaps(missed: Gaps) -> None:
         )
     for source, windows in missed.uncovered.items():
         for window in windows:
+            what = (
+                "an ingress answered deliveries 503 (its database unavailable)"
+                if window.refused
+                else "no ingress was up"
+            )
             echo(
-                f"Not caught up: {source} -- no ingress was up from {format_when(window.start)} "
+                f"Not caught up: {source} -- {what} from {format_when(window.start)} "
                 f"to {format_when(window.end)} UTC ({format_age(window.seconds)}); "
                 f"{missed.command(source, window)}"
             )

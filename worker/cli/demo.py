@@ -27,14 +27,15 @@ from models.workspaces import create_workspace
 from worker.cli.output import echo, emit_json, json_option
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
-#: The real payloads the tests use (a checkout has them; see tests/fixtures/README.md).
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+#: Real payloads, copies of test fixtures shipped with taskhook, so that an
+#: installed taskhook sends them too (demo_samples/SOURCES.md).
+SAMPLES_FOLDER = Path(__file__).resolve().parent / "demo_samples"
 #: The providers the demo sends samples of (every provider taskhook has): the
-#: fixture sent, and the event it is a delivery of.
+#: event each sample (``SAMPLES_FOLDER / "<provider>.json"``) is a delivery of.
 SAMPLES = {
-    "github": ("issues__opened", "issues.opened"),
-    "gitlab": ("issue_hook__open", "Issue Hook.open"),
-    "jira": ("jira_issue_created__cloud", "jira:issue_created"),
+    "github": "issues.opened",
+    "gitlab": "Issue Hook.open",
+    "jira": "jira:issue_created",
 }
 DEMO_SOURCES = {"github": "demo-github", "gitlab": "demo-gitlab", "jira": "demo-jira"}
 #: Where a sample body says when its item was last updated: set to the time of
@@ -193,10 +194,8 @@ def _sample_delivery(provider: str, secret: str) -> tuple[bytes, dict[str, str]]
     says when the item was last updated), in the headers that provider sends,
     signed with ``secret`` (GitLab: carrying it): two sends are two deliveries,
     never the same bytes twice, which the ingress would answer as a ``replay``."""
-    fixture, event = SAMPLES[provider]
-    sample = FIXTURES / provider / f"{fixture}.json"
-    if not sample.exists():
-        raise Refused(f"sample payloads come from a checkout's tests/fixtures ({sample} missing)")
+    event = SAMPLES[provider]
+    sample = SAMPLES_FOLDER / f"{provider}.json"
     sender = PROVIDERS[provider]
     now = time.time()
     body = sender.with_sent_at(sample.read_bytes(), now)

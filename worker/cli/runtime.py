@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from models import sealing, startup
 from models.db import NoDatabase, make_engine, make_session_factory, session_scope
 from models.errors import TaskStoreError
-from models.settings import Settings, invalid_settings
+from models.settings import Settings, for_people, invalid_settings
 from worker.cli.output import printable
 
 #: Exit code of a release whose request went out but got no answer.
@@ -147,7 +147,8 @@ class CommandRuntime:
     @property
     def database_url_for_people(self) -> str:
         try:
-            return make_url(self.settings.database_url).render_as_string(hide_password=True)
+            url = make_url(self.settings.database_url).render_as_string(hide_password=True)
+            return for_people(url)  # and a password given as a parameter (several hosts)
         except ArgumentError:
             return "<invalid TASKHOOK_DATABASE_URL>"
 
