@@ -353,9 +353,10 @@ def _every_delivery_done(counts: dict[str, Any], n: int) -> bool:
 
 
 @contextlib.contextmanager
-def end_to_end_rig(bench: Any, keys_per_message: int) -> Iterator[EndToEndRig]:
+def end_to_end_rig(bench: Any, keys_per_message: int, **extra_env: str) -> Iterator[EndToEndRig]:
     """The ingress started on a throwaway database, its relay putting
-    ``keys_per_message`` keys in each message; all of it gone afterwards."""
+    ``keys_per_message`` keys in each message, with ``extra_env`` for it and
+    its workers (``bench tracing``'s OTEL_* variables); all of it gone afterwards."""
     procs = bench.processes
     redis_url = procs.redis()
     with (
@@ -364,7 +365,10 @@ def end_to_end_rig(bench: Any, keys_per_message: int) -> Iterator[EndToEndRig]:
     ):
         taskhook.prepare(database)
         env = taskhook.environment(
-            database, redis_url, TASKHOOK_RELAY_KEYS_PER_MESSAGE=str(keys_per_message)
+            database,
+            redis_url,
+            TASKHOOK_RELAY_KEYS_PER_MESSAGE=str(keys_per_message),
+            **extra_env,
         )
         ingress_process, url = procs.uvicorn("taskhook", "ingest.app:app", env)
         with psycopg.connect(libpq_url(database), autocommit=True) as watcher:

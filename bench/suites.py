@@ -43,6 +43,7 @@ from bench.processes import (
 from bench.prune import prune
 from bench.retries import retries
 from bench.streams import streams
+from bench.tracing import tracing
 from bench.workspaces import workspaces
 from models.settings import DEFAULT_WORKER_CONCURRENCY, Settings
 
@@ -916,4 +917,5 @@ BENCHMARKS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "streams": streams,
     "aliases": aliases,
     "fairness": fairness,
+    "tracing": tracing,
 }

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg.conninfo
-from sqlalchemy import Engine, create_engine, event
+import sqlalchemy
+from sqlalchemy import Engine, event
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -57,7 +58,9 @@ def make_engine(
     options.setdefault("hide_parameters", True)
     if parsed.get_backend_name() != "sqlite":
         options.setdefault("pool_pre_ping", True)
-        return create_engine(url, **options)
+        # Looked up at the call, not imported: the SQLAlchemy instrumentation
+        # (models.tracing) traces engines by wrapping sqlalchemy.create_engine.
+        return sqlalchemy.create_engine(url, **options)
 
     settings = settings or _DEFAULTS
     writer_lock = None
@@ -73,7 +76,7 @@ def make_engine(
     busy_timeout_ms = settings.sqlite_busy_timeout_ms
     # The options are a server's (a pool size, PostgreSQL's connection
     # options); a SQLite file takes none of them.
-    engine = create_engine(
+    engine = sqlalchemy.create_engine(
         url,
         connect_args={"timeout": busy_timeout_ms / 1000, "factory": WriterConnection},
         hide_parameters=options["hide_parameters"],

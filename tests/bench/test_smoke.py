@@ -277,3 +277,10 @@ def test_fairness(tmp_path: Path) -> None:
 def test_fairness_on_rabbitmq(tmp_path: Path) -> None:
     result = run("fairness", tmp_path, overrides=("fairness_cases=1",), brokers=("rabbitmq",))
     _check_fairness(result, "rabbitmq", {1})
+
+
+def test_tracing(tmp_path: Path) -> None:
+    result = run("tracing", tmp_path)
+    assert result["goals"]["every delivery done, both ways"]
+    assert result["spans_exported"]["requests"] > 0
+    assert result["ratio_on_vs_off"] > 0

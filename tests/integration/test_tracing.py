@@ -16,11 +16,12 @@ from opentelemetry.trace import SpanKind
 from sqlalchemy import update
 
 from models import tracing
-from models.db import session_scope
+from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Delivery
 from tests.support.ingress import Ingress, open_ingress
-from tests.support.runs import run
+from tests.support.runs import SETTINGS, run
 from tests.support.stores import Store
+from worker.processing import process_delivery
 
 
 @pytest.fixture
@@ -131,3 +132,32 @@ def test_off_nothing_is_traced_and_nothing_is_stored(store: Store):
     assert stored is None
     assert tracing.current_traceparent() is None
     assert tracing.take([pk]) == {}
+
+
+def test_the_general_paths_statements_are_spans_of_its_create(traced_ingress: Ingress, spans):
+    # The SQLAlchemy instrumentation traces the engines made after tracing
+    # starts, as a process's are (the store's own was made before).
+    pk, stored = first_trace(traced_ingress, spans)
+    engine = make_engine(traced_ingress.store.url)
+    try:
+        with (
+            session_scope(make_session_factory(engine)) as session,
+            tracing.message(
+                Context(delivery_info={}, retries=0, taskhook_traces={str(pk): stored})
+            ),
+        ):
+            process_delivery(
+                session=session,
+                delivery_pk=pk,
+                settings=SETTINGS.model_copy(update={"worker_fast_path": False}),
+            )
+    finally:
+        engine.dispose()
+
+    (create,) = by_name(spans, "create")
+    inside = [
+        s
+        for s in spans.get_finished_spans()
+        if s.parent and s.parent.span_id == create.context.span_id
+    ]
+    assert any(s.attributes.get("db.statement", "").startswith("INSERT INTO tasks") for s in inside)
