@@ -199,6 +199,7 @@ class Ingress:
         broker_url: str,
         *,
         preexec_fn: Callable[[], object] | None = None,
+        cwd: Path = ROOT,
         **env: str,
     ) -> None:
         self.port = free_port()
@@ -207,7 +208,12 @@ class Ingress:
         args += ["--host", "127.0.0.1", "--no-access-log"]
         environment = worker_environment(database_url, broker_url, **env)
         self.process = WorkerProcess(
-            "uvicorn", folder / f"uvicorn-{self.port}.log", args, environment, preexec_fn=preexec_fn
+            "uvicorn",
+            folder / f"uvicorn-{self.port}.log",
+            args,
+            environment,
+            preexec_fn=preexec_fn,
+            cwd=cwd,
         )
         wait_until(self._healthy, timeout=READY_TIMEOUT, what="uvicorn", logs=[self.process])
 
