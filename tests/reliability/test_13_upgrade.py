@@ -79,12 +79,13 @@ def shared() -> dict[str, str]:
 
 class Tenant:
     """A workspace with one Jira source, made through a release's own CLI,
-    and the deliveries the stream posts to it: a new issue mostly, every 5th
-    a second delivery for an issue two before, every 7th an exact redelivery
-    of the delivery three before."""
+    and the deliveries one direction's stream posts to it, for issues
+    ``{keys}-N``: a new issue mostly, every 5th a second delivery for an
+    issue two before, every 7th an exact redelivery of the delivery three
+    before."""
 
-    def __init__(self, slug: str, secret: str) -> None:
-        self.slug, self.secret = slug, secret
+    def __init__(self, slug: str, secret: str, keys: str) -> None:
+        self.slug, self.secret, self.keys = slug, secret, keys
         self.source = f"{slug}-jira"
         self.prefix = slug.upper().replace("-", "")
         self._made: dict[int, Delivery] = {}
@@ -122,7 +123,7 @@ class Tenant:
         if index % 7 == 6:
             made = self.delivery(index - 3)
         else:
-            made = Delivery.jira(self.source, self.secret, f"{self.prefix}-{self.issue_of(index)}")
+            made = Delivery.jira(self.source, self.secret, f"{self.keys}-{self.issue_of(index)}")
         with self._lock:
             return self._made.setdefault(index, made)
 
@@ -214,7 +215,12 @@ def check(tenant: Tenant, stream: DeliveryStream, sessions, engine, expected_row
     issues = {a.delivery.external_id for a in answers.accepted()}
     with sessions() as session:
         workspace_id = session.scalar(select(Workspace.id).where(Workspace.slug == tenant.slug))
-    tasks = tasks_by_external_id(sessions, workspace_id)
+    mine = f"jira:{tenant.keys}-"
+    tasks = {
+        external_id: count
+        for external_id, count in tasks_by_external_id(sessions, workspace_id).items()
+        if external_id.startswith(mine)
+    }
     lost = sorted(issues - set(tasks))
     twice = sorted(external_id for external_id, count in tasks.items() if count > 1)
     unfinished = {
@@ -262,11 +268,10 @@ def test_upgrade_then_rollback_with_traffic_in_flight(
     migrated = taskhook(url, broker, cli_log, "db", "upgrade", root=previous_code, **shared)
     assert migrated.returncode == 0, migrated.stderr
     old_schema = migrated.stdout.strip().rsplit(" ", 1)[-1].rstrip(".")
-    # Both workspaces made by the old release's CLI, before anything runs.
-    forward = Tenant("upgrade", secret_book.new("upgrade-jira-secret"))
-    back = Tenant("rollback", secret_book.new("rollback-jira-secret"))
-    for tenant in (forward, back):
-        tenant.create(url, broker, cli_log, previous_code, shared)
+    # One workspace, made by the old release's CLI; each direction's issues.
+    forward = Tenant("upgrade", secret_book.new("upgrade-jira-secret"), keys="UP")
+    back = Tenant("upgrade", forward.secret, keys="BACK")
+    forward.create(url, broker, cli_log, previous_code, shared)
 
     old = stack_on(url, broker, root=previous_code, **shared)
     new = stack_on(url, broker, **shared)
