@@ -1,4 +1,4 @@
-"""Scenario 13: an upgrade and a rollback with traffic in flight, one release
+"""Scenario 14: an upgrade and a rollback with traffic in flight, one release
 back, both ways (docs/deploy.md, "Upgrades").
 
 The release before this code (tests/support/releases.py: 0.1.0) is laid
@@ -55,7 +55,7 @@ from tests.support.upgrades import DeliveryStream, imported_from, unreadable_lin
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 
-SCENARIO = f"13. upgrade {PREVIOUS.version} -> {current_version()} and back, traffic in flight"
+SCENARIO = f"14. upgrade {PREVIOUS.version} -> {current_version()} and back, traffic in flight"
 
 #: How long each stage holds while the traffic flows.
 HOLD = float(os.environ.get("TASKHOOK_UPGRADE_SOAK", "1.5"))
