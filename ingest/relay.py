@@ -42,6 +42,7 @@ from models.broker.messages import (
     message_groups,
     task_for,
 )
+from models.broker.versions import HEADER, MESSAGE_VERSION, stamp_every_message
 from models.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ def celery_publisher(settings: Settings) -> Publish:
     up to ``relay_keys_per_message`` keys in each (on the background lane,
     ``background_keys_per_message``)."""
     app = Celery("taskhook-ingress", broker=settings.broker_url, set_as_current=False)
+    stamp_every_message()  # send_task's messages say their version (RabbitMQ's path)
     app.conf.update(
         broker_transport=broker_transport(settings),
         broker_transport_options=broker_transport_options(settings),
@@ -156,7 +158,8 @@ class DeliveryMessages:
     node, no ETA, no group); only the task id and the arguments differ. Those
     are filled into one message per task name built by Celery itself when the
     publisher starts, so a change in Celery's protocol reaches these messages
-    too (tests compare the two).
+    too (tests compare the two). Each also says its version, as every message
+    sent through Celery does (``models.broker.versions``).
     """
 
     #: The task id of the template messages; never published.
@@ -174,7 +177,7 @@ class DeliveryMessages:
                 ignore_result=None,
             )
             self._templates[name] = (
-                dict(template.headers),
+                {**template.headers, HEADER: MESSAGE_VERSION},
                 dict(template.properties),
                 template.body[2],
             )

@@ -77,6 +77,7 @@ OTHER_VARIABLES = frozenset(
         "TASKHOOK_FAILPOINT",
         "TASKHOOK_CONSOLE_SCREENSHOTS",
         "TASKHOOK_HOSTS_SOAK",
+        "TASKHOOK_UPGRADE_SOAK",
     }
 )
 #: Prefixes of the test suite's and the benchmarks' variables.

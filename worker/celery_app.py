@@ -68,6 +68,7 @@ from models.broker.messages import (
     RELEASE_IDENTITY,
     SWEEP,
 )
+from models.broker.versions import stamp_every_message
 from models.settings import Settings
 from worker import runtime
 
@@ -168,6 +169,8 @@ def make_celery_app(settings: Settings | None = None) -> Celery:
     app reads no settings and creates no broker folders.
     """
     app = Celery("taskhook", include=list(TASK_MODULES), set_as_current=settings is None)
+    # Whatever it sends -- the CLI, beat, a task's retry -- says its version.
+    stamp_every_message()
     # The process's settings are read when Celery first needs its configuration
     # (``celery worker`` does while it parses its options): a bad value is one
     # line and exit 1 there (models.startup), not a traceback from Celery's CLI.

@@ -22,6 +22,7 @@ from celery import shared_task
 from sqlalchemy.orm import Session
 
 from models.broker.messages import RELEASE_IDENTITY
+from models.broker.versions import notice_unknown
 from models.db import session_scope
 from models.errors import HolderChanged, InvalidExternalId, InvalidRelease, TaskNotFound
 from models.tables import Task
@@ -140,18 +141,21 @@ def release_by_message(
     )
 
 
-@shared_task(name=RELEASE_IDENTITY, ignore_result=False)
+@shared_task(name=RELEASE_IDENTITY, bind=True, ignore_result=False)
 def release_identity_task(
+    self,
     workspace_id: int,
     external_id: str,
     operator: str,
     reason: str,
     expected_task_id: int | None = None,
+    **unknown: Any,
 ) -> dict[str, Any]:
     """RELEASE_IDENTITY(workspace_id, external_id, operator, reason, expected_task_id)
     on the operator queue. The fifth argument has a default only so that a
     message an older CLI queued (four arguments) is answered with a refusal
     (:func:`release_by_message`), not a crash of the task."""
+    notice_unknown(RELEASE_IDENTITY, unknown, self.request.headers)
     with session_scope(runtime.sessions()) as session:
         return release_by_message(
             session=session,

@@ -15,6 +15,7 @@ from typing import Any
 from celery import shared_task
 
 from models.broker.messages import PRUNE
+from models.broker.versions import notice_unknown
 from models.db import session_scope
 from models.retention import Policy, prune
 from worker import runtime
@@ -26,8 +27,9 @@ BUDGET_SHARE = 0.5
 
 
 @shared_task(name=PRUNE, bind=True)
-def prune_inbox(self) -> dict[str, Any]:
+def prune_inbox(self, **unknown: Any) -> dict[str, Any]:
     """PRUNE(): delete old finished rows and drop old bodies, in small batches."""
+    notice_unknown(PRUNE, unknown, self.request.headers)
     settings = runtime.settings()
     with session_scope(runtime.sessions()) as session:
         pruned = prune(

@@ -19,6 +19,7 @@ from models import tracing
 from models.broker.connection import broker_countdown
 from models.broker.lanes import Sender, lane_of, lane_of_queue
 from models.broker.messages import PROCESS_DELIVERIES, PROCESS_DELIVERY, SWEEP
+from models.broker.versions import notice_unknown
 from models.db import session_scope
 from worker import processing, runtime, sweeper
 
@@ -40,8 +41,12 @@ def _process(delivery_pk: int, *, retries: int) -> processing.Processed:
 
 
 @shared_task(name=PROCESS_DELIVERY, bind=True, max_retries=None)
-def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
-    """PROCESS_DELIVERY(delivery_pk): turn the stored delivery into its task, once."""
+def process_delivery(self, delivery_pk: int, **unknown: Any) -> dict[str, Any]:
+    """PROCESS_DELIVERY(delivery_pk): turn the stored delivery into its task, once.
+
+    Every task here takes ``**unknown``: what a newer release may add is
+    optional, and noticed, never a failure (models.broker.versions)."""
+    notice_unknown(PROCESS_DELIVERY, unknown, self.request.headers)
     # The message's own count; the budget is the row's (deliveries.retries),
     # which the sweeper's message for a dead worker's delivery does not reset.
     with tracing.message(self.request):
@@ -54,7 +59,7 @@ def process_delivery(self, delivery_pk: int) -> dict[str, Any]:
 
 
 @shared_task(name=PROCESS_DELIVERIES, bind=True)
-def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
+def process_deliveries(self, delivery_pks: list[int], **unknown: Any) -> dict[str, int]:
     """PROCESS_DELIVERIES(delivery_pks): PROCESS_DELIVERY for each key, in order.
 
     The relay's batches: the message is acknowledged once every key was
@@ -68,6 +73,7 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
     a claim that finds them done, and a key inserted but not settled is
     finished by its next attempt.
     """
+    notice_unknown(PROCESS_DELIVERIES, unknown, self.request.headers)
     pks = [int(key) for key in delivery_pks]
     with tracing.message(self.request), session_scope(runtime.sessions()) as session:
         answers = processing.process_deliveries(
@@ -97,10 +103,11 @@ def process_deliveries(self, delivery_pks: list[int]) -> dict[str, int]:
 
 
 @shared_task(name=SWEEP, bind=True)
-def sweep(self) -> dict[str, Any]:
+def sweep(self, **unknown: Any) -> dict[str, Any]:
     """SWEEP(): send PROCESS_DELIVERY again for rows the broker lost or whose
     worker died, on the background lane: after a lost broker they are the
     whole backlog, and must not stand in front of live deliveries."""
+    notice_unknown(SWEEP, unknown, self.request.headers)
     lane = lane_of(Sender.SWEEPER)
 
     def send(pk: int) -> None:

@@ -199,17 +199,37 @@ class Ingress:
         broker_url: str,
         *,
         preexec_fn: Callable[[], object] | None = None,
+        cwd: Path = ROOT,
         **env: str,
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = [sys.executable, "-m", "ingest.server", "--port", str(self.port)]
-        args += ["--host", "127.0.0.1", "--no-access-log"]
         environment = worker_environment(database_url, broker_url, **env)
-        self.process = WorkerProcess(
-            "uvicorn", folder / f"uvicorn-{self.port}.log", args, environment, preexec_fn=preexec_fn
-        )
-        wait_until(self._healthy, timeout=READY_TIMEOUT, what="uvicorn", logs=[self.process])
+        # A free port may be taken by another suite's process before uvicorn
+        # binds it (this machine runs several at once): then another port.
+        for _ in range(3):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            args = [sys.executable, "-m", "ingest.server", "--port", str(self.port)]
+            args += ["--host", "127.0.0.1", "--no-access-log"]
+            self.process = WorkerProcess(
+                "uvicorn",
+                folder / f"uvicorn-{self.port}.log",
+                args,
+                environment,
+                preexec_fn=preexec_fn,
+                cwd=cwd,
+            )
+            wait_until(self._up, timeout=READY_TIMEOUT, what="uvicorn", logs=[self.process])
+            if self.process.process.poll() is None:
+                return
+        pytest.fail(f"uvicorn found no free port in 3 tries\n{self.process.tail()}", False)
+
+    def _up(self) -> bool:
+        """Healthy, or gone because its port was taken (the caller tries another)."""
+        if self.process.process.poll() is not None and "Address already in use" in (
+            self.process.text()
+        ):
+            return True
+        return self._healthy()
 
     def _healthy(self) -> bool:
         if self.process.process.poll() is not None:

@@ -338,9 +338,10 @@ def libpq(url: str) -> str:
 
 
 class ThrowawayDatabase:
-    """A migrated database of our own on the shared PostgreSQL, dropped at the end."""
+    """A migrated database of our own on the shared PostgreSQL, dropped at the end
+    (``migrated=False``: an empty one, for another release's code to migrate)."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, *, migrated: bool = True) -> None:
         self.name = f"taskhook_rel_{label}_{uuid.uuid4().hex[:8]}"
         try:
             admin = psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True, connect_timeout=5)
@@ -353,6 +354,8 @@ class ThrowawayDatabase:
             .set(database=self.name)
             .render_as_string(hide_password=False)
         )
+        if not migrated:
+            return
         engine = make_engine(self.url)
         with engine.begin() as connection:
             upgrade_to_head(connection)

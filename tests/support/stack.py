@@ -62,9 +62,15 @@ SWEEP_LINE = re.compile(r"Task taskhook\.sweep\[[^\]]+\] succeeded in [\d.]+s: \
 
 
 class Stack:
-    def __init__(self, folder: Path, database_url: str, broker_url: str, **env: str) -> None:
+    """``root``: where the processes' code is -- this checkout, or another
+    release's laid out beside it (tests/support/releases.py), imported first."""
+
+    def __init__(
+        self, folder: Path, database_url: str, broker_url: str, *, root: Path = ROOT, **env: str
+    ) -> None:
         self.folder, self.database_url, self.broker_url = folder, database_url, broker_url
-        self.env = env
+        self.root = root
+        self.env = env if root == ROOT else {"PYTHONPATH": str(root), **env}
         self.processes: list[WorkerProcess] = []
         self.workers: list[WorkerProcess] = []
         self.ingresses: list[Ingress] = []
@@ -94,7 +100,9 @@ class Stack:
         args += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         if beat:
             args += ["-B", "-s", str(self.folder / f"{unique}-beat-schedule")]
-        process = WorkerProcess(unique, self.folder / f"{unique}.log", args, self._environment(env))
+        process = WorkerProcess(
+            unique, self.folder / f"{unique}.log", args, self._environment(env), cwd=self.root
+        )
         self.processes.append(process)
         self.workers.append(process)
         if wait:
@@ -106,7 +114,9 @@ class Stack:
         unique = f"beat-{uuid.uuid4().hex[:6]}"
         args = [sys.executable, "-m", "celery", "-A", "worker", "beat", "-l", "INFO"]
         args += ["-s", str(self.folder / f"{unique}-schedule")]
-        process = WorkerProcess(unique, self.folder / f"{unique}.log", args, self._environment(env))
+        process = WorkerProcess(
+            unique, self.folder / f"{unique}.log", args, self._environment(env), cwd=self.root
+        )
         self.processes.append(process)
         self.workers.append(process)
         wait_for_text(process, "beat: Starting...")
@@ -114,7 +124,7 @@ class Stack:
 
     def ingress(self, **env: str) -> Ingress:
         merged = self.env | env
-        ingress = Ingress(self.folder, self.database_url, self.broker_url, **merged)
+        ingress = Ingress(self.folder, self.database_url, self.broker_url, cwd=self.root, **merged)
         self.ingresses.append(ingress)
         self.processes.append(ingress.process)
         return ingress
@@ -337,20 +347,35 @@ def database_view(url: str) -> tuple[Engine, sessionmaker[Session]]:
     return engine, make_session_factory(engine)
 
 
-def taskhook(database_url: str, broker_url: str, log, *args: str) -> subprocess.CompletedProcess:
-    """The real CLI, as an operator runs it (``python -m worker.cli`` is ``taskhook``)."""
+def taskhook(
+    database_url: str,
+    broker_url: str,
+    log,
+    *args: str,
+    root: Path = ROOT,
+    hidden: tuple[str, ...] = (),
+    **env: str,
+) -> subprocess.CompletedProcess:
+    """The real CLI, as an operator runs it (``python -m worker.cli`` is ``taskhook``);
+    ``root``: another release's code, as in :class:`Stack`. The ``hidden``
+    values (a secret given as an argument) are starred in the log."""
+    if root != ROOT:
+        env = {"PYTHONPATH": str(root), **env}
     done = subprocess.run(
         [sys.executable, "-m", "worker.cli", *args],
-        cwd=ROOT,
-        env=worker_environment(database_url, broker_url),
+        cwd=root,
+        env=worker_environment(database_url, broker_url, **env),
         # An operator's script: nobody at a terminal answers a question.
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=120,
     )
+    transcript = f"$ taskhook {' '.join(args)}\n{done.stdout}{done.stderr}\n"
+    for value in hidden:
+        transcript = transcript.replace(value, "***")
     with log.open("a") as output:
-        output.write(f"$ taskhook {' '.join(args)}\n{done.stdout}{done.stderr}\n")
+        output.write(transcript)
     return done
 
 

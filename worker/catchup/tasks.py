@@ -9,6 +9,7 @@ from celery import shared_task
 
 from models.broker.lanes import Sender, keys_per_message, lane_of
 from models.broker.messages import CATCH_UP, message_groups, task_for
+from models.broker.versions import notice_unknown
 from models.catchup import sources_to_catch_up
 from models.db import session_scope
 from models.errors import TaskStoreError
@@ -20,14 +21,14 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=CATCH_UP, bind=True)
-def catch_up(self) -> dict[str, Any]:
+def catch_up(self, **unknown: Any) -> dict[str, Any]:
     """Catch up every source with access to its provider, one after the
     other: a GitHub source from its delivery log, a Jira source by a search
     of its site, a GitLab source from its hook's events and a scan. A source
     that fails (bad credentials, a rate limit, the API down) is recorded on
     its run and logged; the others go on, and the next beat tries it again:
     never a crash loop."""
-
+    notice_unknown(CATCH_UP, unknown, self.request.headers)
     lane = lane_of(Sender.CATCH_UP)
     per_message = keys_per_message(runtime.settings(), lane)
 

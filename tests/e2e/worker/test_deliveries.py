@@ -13,6 +13,7 @@ import pytest
 from celery import Celery
 
 from models.broker.messages import PROCESS_DELIVERY, RELEASE_IDENTITY, SWEEP
+from models.broker.versions import HEADER, MESSAGE_VERSION
 from models.tables import IdentityRelease, Task
 from tests.support.feeds import (
     EXPECTED,
@@ -146,3 +147,29 @@ def test_release_through_the_operator_queue_frees_the_identity_and_audits_it(
     send(client, again)
     wait_until(finished(sessions, again), timeout=WAIT, what="the second task", logs=[worker])
     assert [t.external_id for t in tasks_of(sessions, feed.workspace_id)] == [None, "jira:TES-41"]
+
+
+def test_a_message_with_arguments_this_release_does_not_know_is_processed(
+    worker: WorkerProcess, client: Celery, sessions
+):
+    """What a newer release might send (models.broker.versions): the task runs
+    with what it knows and says once what it ignored -- never a TypeError."""
+    feed = make_feed(sessions, slug="newer", prefix="NEW")
+    pk = store_fixture(sessions, feed, "jira", "jira_issue_created__cloud")
+
+    client.send_task(
+        PROCESS_DELIVERY,
+        args=[pk],
+        kwargs={"added_later": True},
+        headers={HEADER: MESSAGE_VERSION + 1},
+    )
+
+    wait_until(finished(sessions, pk), timeout=WAIT, what="the delivery", logs=[worker])
+    assert delivery(sessions, pk).outcome == "created"
+    wait_until(
+        lambda: "ignored arguments this release does not know (added_later)" in worker.text(),
+        timeout=WAIT,
+        what="the worker's notice",
+        logs=[worker],
+    )
+    assert "TypeError" not in worker.text()

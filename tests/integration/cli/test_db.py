@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from tests.support.cli import BIN, ROOT, as_json, refused, taskhook
 from tests.support.stores import Store
@@ -34,6 +35,32 @@ def test_db_upgrade_of_a_migrated_store_changes_nothing(store: Store):
     store.workspace()
     assert taskhook(store, "db", "upgrade").exit_code == 0
     assert store.scalar("SELECT count(*) FROM workspaces") == 1
+
+
+def test_db_upgrade_leaves_a_database_a_newer_release_migrated(store: Store):
+    """After a rollback the release step of the older release runs on the
+    newer schema: it says so and succeeds, and changes nothing (0.1.0's
+    crashed with alembic's traceback, and its release step failed)."""
+    head = store.scalar("SELECT version_num FROM alembic_version")
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    try:
+        done = taskhook(store, "db", "upgrade")
+        answer = as_json(taskhook(store, "db", "upgrade", "--json"))
+        after = store.scalar("SELECT version_num FROM alembic_version")
+    finally:
+        with store.engine.begin() as connection:
+            connection.execute(
+                text("UPDATE alembic_version SET version_num = :head"), {"head": head}
+            )
+
+    assert done.exit_code == 0, done.output
+    assert f"is at revision 9999, which this release does not know (its newest is {head})" in (
+        done.stdout
+    )
+    assert "Traceback" not in done.output
+    assert (answer["revision"], answer["newer_than_this_release"]) == ("9999", True)
+    assert after == "9999"
 
 
 def test_a_database_without_tables_says_to_upgrade(tmp_path: Path):

@@ -20,6 +20,7 @@ from models.broker.messages import (
     message_groups,
     task_for,
 )
+from models.broker.versions import HEADER, MESSAGE_VERSION
 from models.settings import Settings
 
 
@@ -40,7 +41,8 @@ def test_a_delivery_message_is_exactly_what_celery_builds() -> None:
         )
         body, headers, properties = DeliveryMessages(app).message([key], TASK_ID)
         assert body == celery.body
-        assert headers == celery.headers
+        # Celery's headers, and the version every message of ours says it is.
+        assert headers == {**celery.headers, HEADER: MESSAGE_VERSION}
         assert properties == celery.properties
 
 
@@ -53,7 +55,7 @@ def test_a_message_of_several_keys_is_exactly_what_celery_builds(keys) -> None:
     )
     body, headers, properties = DeliveryMessages(app).message(keys, TASK_ID)
     assert body == celery.body
-    assert headers == celery.headers
+    assert headers == {**celery.headers, HEADER: MESSAGE_VERSION}
     assert properties == celery.properties
 
 
@@ -109,6 +111,7 @@ def test_the_publisher_sends_one_message_per_group() -> None:
                 seen.setdefault(lane.value, []).append(
                     (message.headers["task"], message.payload[0])
                 )
+                assert message.headers[HEADER] == MESSAGE_VERSION
                 message.ack()
             queue.close()
     assert seen == {

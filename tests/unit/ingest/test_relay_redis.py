@@ -18,6 +18,7 @@ from ingest.relay import Relay, celery_publisher
 from models.broker.connection import broker_transport, broker_transport_options
 from models.broker.lanes import Lane
 from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
+from models.broker.versions import HEADER, MESSAGE_VERSION
 from models.settings import Settings
 from tests.support.fake_redis import FakeRedis
 
@@ -56,6 +57,7 @@ def test_a_batch_is_pushed_as_celerys_task_messages_on_the_deliveries_list(fake_
         assert headers["lang"] == "py"
         assert headers["id"] == headers["root_id"] == properties["correlation_id"]
         assert headers["argsrepr"] == repr(body_of(message)[0])
+        assert headers[HEADER] == MESSAGE_VERSION  # read by 0.2.0 on; 0.1.0 passes over it
         assert body_of(message)[1] == {}
         assert message["content-type"] == "application/json"
         assert properties["delivery_mode"] == 2  # persistent
