@@ -259,7 +259,8 @@ def test_every_pod_requests_what_it_needs_and_gets_no_service_links(rendered):
         resources = only_container(pod)["resources"]
         assert {"cpu", "memory"} <= set(resources["requests"]), name
         assert "memory" in resources["limits"], name
-        # Service links would set <SERVICE>_PORT and the like (for taskhook-web, under our prefix): unknown settings.
+        # Service links would set <SERVICE>_PORT and the like (for taskhook-web,
+        # under our prefix): unknown settings.
         assert pod["enableServiceLinks"] is False, name
 
 
