@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from opentelemetry import trace
 from pythonjsonlogger.json import JsonFormatter
 
 #: The ids of the delivery the current thread or task is working on.
@@ -69,7 +70,8 @@ def current_ids() -> dict[str, Any]:
 class JsonLines(JsonFormatter):
     """One JSON object a line: ``time`` (UTC, ISO 8601), ``level``,
     ``process``, ``pid``, ``logger``, ``message``, the current delivery's ids,
-    the fields a call passed as ``extra``, and ``exc_info`` when there is one."""
+    ``trace_id`` and ``span_id`` inside a span, the fields a call passed as
+    ``extra``, and ``exc_info`` when there is one."""
 
     def __init__(self) -> None:
         super().__init__(json_ensure_ascii=False)
@@ -86,6 +88,11 @@ class JsonLines(JsonFormatter):
         log_record["logger"] = record.name
         log_record["message"] = record.getMessage()
         log_record.update(_DELIVERY.get() or {})
+        # The trace the line belongs to, when tracing is on (models.tracing).
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            log_record["trace_id"] = format(span.trace_id, "032x")
+            log_record["span_id"] = format(span.span_id, "016x")
         super().add_fields(log_record, record, message_dict)
         # JsonFormatter copies the record's own attributes asked for in its
         # format string; none are, so only ``extra`` and exc_info remain.

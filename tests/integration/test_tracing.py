@@ -7,6 +7,8 @@ tests/e2e/test_tracing.py."""
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -15,10 +17,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from sqlalchemy import update
 
-from models import tracing
+from models import logs, tracing
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Delivery
-from tests.support.ingress import Ingress, open_ingress
+from tests.support.ingress import Ingress, open_ingress, wait_until
 from tests.support.runs import SETTINGS, run
 from tests.support.stores import Store
 from worker.processing import process_delivery
@@ -71,7 +73,7 @@ def test_the_post_its_verification_and_inbox_write_are_one_trace_the_row_keeps(
     assert verify.context.trace_id == write.context.trace_id == trace_id
     assert verify.parent.span_id == write.parent.span_id == server.context.span_id
     assert stored.split("-")[1:3] == [f"{trace_id:032x}", f"{server.context.span_id:016x}"]
-    assert traced_ingress.published == [pk]
+    wait_until(lambda: traced_ingress.published == [pk])
 
 
 def test_the_workers_first_run_is_a_child_of_the_relays_send(traced_ingress: Ingress, spans):
@@ -161,3 +163,15 @@ def test_the_general_paths_statements_are_spans_of_its_create(traced_ingress: In
         if s.parent and s.parent.span_id == create.context.span_id
     ]
     assert any(s.attributes.get("db.statement", "").startswith("INSERT INTO tasks") for s in inside)
+
+
+def test_a_json_line_inside_a_run_carries_its_trace_and_span(spans):
+    line = logs.JsonLines().format
+    record = logging.LogRecord("x", logging.INFO, __file__, 0, "inside", None, None)
+    with tracing.span("outer") as outer:
+        inside = json.loads(line(record))
+    outside = json.loads(line(record))
+
+    assert inside["trace_id"] == format(outer.get_span_context().trace_id, "032x")
+    assert inside["span_id"] == format(outer.get_span_context().span_id, "016x")
+    assert "trace_id" not in outside
