@@ -1,11 +1,13 @@
 """Alembic environment: the URL comes from taskhook's settings, never from a file.
 
-Tests and tools may hand in a ready connection as ``config.attributes["connection"]``.
+Tests and tools may hand in a ready connection as ``config.attributes["connection"]``,
+and a URL to render ``--sql`` for as ``config.attributes["offline_url"]``.
 """
 
 from alembic import context
 from sqlalchemy import Connection
 
+from migrations.timeouts import timeout_statements
 from models.db import make_engine
 from models.settings import Settings
 from models.tables import Base, UTCDateTime
@@ -32,17 +34,30 @@ def _configure_and_run(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
     )
     with context.begin_transaction():
+        _limit_waits(connection.dialect.name)
         context.run_migrations()
 
 
+def _limit_waits(dialect: str) -> None:
+    """On PostgreSQL, a migration gives up on a lock instead of queueing the
+    ingress behind it (migrations/timeouts.py). Set on the transaction itself,
+    first thing in it; rendered into ``--sql`` output as well."""
+    if dialect == "postgresql":
+        for statement in timeout_statements():
+            context.execute(statement)
+
+
 def run_migrations_offline() -> None:
+    # The migration lint renders PostgreSQL's SQL whatever database is configured.
+    url = config.attributes.get("offline_url") or Settings().database_url
     context.configure(
-        url=Settings().database_url,
+        url=url,
         target_metadata=target_metadata,
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
     )
     with context.begin_transaction():
+        _limit_waits(context.get_context().dialect.name)
         context.run_migrations()
 
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.timeouts import longer_statements
+
 revision: str = "0016"
 down_revision: str | None = "0015"
 branch_labels: str | Sequence[str] | None = None
@@ -35,9 +37,13 @@ def upgrade() -> None:
         "deliveries",
         sa.Column("answered_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
     )
-    op.execute(
-        "UPDATE deliveries SET answered_attempts = retries WHERE status IN ('queued', 'processing')"
-    )
+    # Reads the whole inbox: a backfill, longer than the default statement
+    # timeout on a large one (migrations/timeouts.py).
+    with longer_statements("30min"):
+        op.execute(
+            "UPDATE deliveries SET answered_attempts = retries "
+            "WHERE status IN ('queued', 'processing')"
+        )
 
 
 def downgrade() -> None:

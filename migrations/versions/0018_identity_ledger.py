@@ -28,6 +28,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.timeouts import longer_statements
+
 revision: str = "0018"
 down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
@@ -140,7 +142,10 @@ def upgrade() -> None:
     with op.batch_alter_table("deliveries") as deliveries:
         deliveries.add_column(sa.Column("draft_stable_key", sa.Text(), nullable=True))
         deliveries.add_column(sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=True))
-    _backfill()
+    # A backfill from every task and event: longer than the default statement
+    # timeout on a large store (migrations/timeouts.py).
+    with longer_statements("30min"):
+        _backfill()
 
 
 def _backfill() -> None:

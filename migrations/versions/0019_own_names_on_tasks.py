@@ -28,6 +28,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.timeouts import longer_statements
+
 revision: str = "0019"
 down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
@@ -46,47 +48,50 @@ def upgrade() -> None:
                 nullable=True,
             )
         )
-    op.execute(
-        f"""
-        UPDATE tasks SET stable_key = (
-            SELECT i.name FROM identities i
-            WHERE i.task_id = tasks.id AND i.workspace_id = tasks.workspace_id
-              AND i.kind = 'stable' AND {_OWN_LIVE})
-        """
-    )
-    op.create_index(
-        "uniq_tasks_stable_key",
-        "tasks",
-        ["workspace_id", "stable_key"],
-        unique=True,
-        postgresql_where=sa.text("stable_key IS NOT NULL"),
-        sqlite_where=sa.text("stable_key IS NOT NULL"),
-    )
-    # The delivery that created each live task, kept past its inbox row.
-    op.execute(
-        f"""
-        INSERT INTO identity_deliveries (source_id, delivery_id, workspace_id, name,
-                                         body_sha256, received_at, created)
-        SELECT i.source_id, i.delivery_id, i.workspace_id, i.name,
-               COALESCE(i.body_sha256, ''), i.created_at, true
-        FROM identities i
-        WHERE i.kind = 'external' AND {_OWN_LIVE}
-          AND i.source_id IS NOT NULL AND i.delivery_id IS NOT NULL
-          AND EXISTS (SELECT 1 FROM webhook_sources s WHERE s.id = i.source_id)
-        ON CONFLICT (source_id, delivery_id) DO NOTHING
-        """
-    )
-    op.execute(
-        f"""
-        DELETE FROM identities
-        WHERE EXISTS (
-            SELECT 1 FROM identities i JOIN tasks t ON t.id = i.task_id
-            WHERE i.workspace_id = identities.workspace_id AND i.kind = identities.kind
-              AND i.name = identities.name AND {_OWN_LIVE}
-              AND ((i.kind = 'external' AND t.external_id = i.name)
-                   OR (i.kind = 'stable' AND t.stable_key = i.name)))
-        """
-    )
+    # Backfills and an index over every task: longer than the default
+    # statement timeout on a large store (migrations/timeouts.py).
+    with longer_statements("30min"):
+        op.execute(
+            f"""
+            UPDATE tasks SET stable_key = (
+                SELECT i.name FROM identities i
+                WHERE i.task_id = tasks.id AND i.workspace_id = tasks.workspace_id
+                  AND i.kind = 'stable' AND {_OWN_LIVE})
+            """
+        )
+        op.create_index(
+            "uniq_tasks_stable_key",
+            "tasks",
+            ["workspace_id", "stable_key"],
+            unique=True,
+            postgresql_where=sa.text("stable_key IS NOT NULL"),
+            sqlite_where=sa.text("stable_key IS NOT NULL"),
+        )
+        # The delivery that created each live task, kept past its inbox row.
+        op.execute(
+            f"""
+            INSERT INTO identity_deliveries (source_id, delivery_id, workspace_id, name,
+                                             body_sha256, received_at, created)
+            SELECT i.source_id, i.delivery_id, i.workspace_id, i.name,
+                   COALESCE(i.body_sha256, ''), i.created_at, true
+            FROM identities i
+            WHERE i.kind = 'external' AND {_OWN_LIVE}
+              AND i.source_id IS NOT NULL AND i.delivery_id IS NOT NULL
+              AND EXISTS (SELECT 1 FROM webhook_sources s WHERE s.id = i.source_id)
+            ON CONFLICT (source_id, delivery_id) DO NOTHING
+            """
+        )
+        op.execute(
+            f"""
+            DELETE FROM identities
+            WHERE EXISTS (
+                SELECT 1 FROM identities i JOIN tasks t ON t.id = i.task_id
+                WHERE i.workspace_id = identities.workspace_id AND i.kind = identities.kind
+                  AND i.name = identities.name AND {_OWN_LIVE}
+                  AND ((i.kind = 'external' AND t.external_id = i.name)
+                       OR (i.kind = 'stable' AND t.stable_key = i.name)))
+            """
+        )
 
 
 def downgrade() -> None:

@@ -4,6 +4,7 @@ both databases."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -16,8 +17,17 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from migrations import alembic_config, upgrade_to_head
+from migrations.timeouts import LOCK_TIMEOUT, STATEMENT_TIMEOUT
 from models.db import make_engine
 from models.tables import EXTERNAL_ID_INDEX, Base
+from tests.support.cli import refused, taskhook
+from tests.support.migrations import (
+    config_with,
+    head_revision,
+    throwaway_postgres,
+    upgrade_process,
+    write_revision,
+)
 from tests.support.stores import POSTGRES_ADMIN_URL, Store, libpq
 
 
@@ -326,3 +336,131 @@ def test_0023_lets_members_of_existing_workspaces_delete_as_before(empty_engine:
     columns = {column["name"] for column in inspect(empty_engine).get_columns("workspaces")}
     assert "deletes_need_operator" not in columns
     assert "task_deletions" not in tables_of(empty_engine)
+
+
+# --- PostgreSQL: a migration gives up on a lock instead of stalling the ingress ---
+
+_RECORD_TIMEOUTS = """
+    op.execute(
+        "CREATE TABLE seen_timeouts (step int, lock_timeout text, statement_timeout text)"
+    )
+    def record(step):
+        op.execute(
+            "INSERT INTO seen_timeouts SELECT %d, current_setting('lock_timeout'), "
+            "current_setting('statement_timeout')" % step
+        )
+    record(1)
+    with longer_statements("2min"):
+        record(2)
+    record(3)
+    concurrently("CREATE INDEX CONCURRENTLY ix_seen_step ON seen_timeouts (step)", timeout="1min")
+    record(4)
+"""
+
+
+@pytest.mark.postgres
+def test_postgres_migrations_run_under_the_lock_and_statement_timeouts(tmp_path):
+    write_revision(tmp_path, _RECORD_TIMEOUTS)
+    with throwaway_postgres() as url:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as connection:  # as `taskhook db upgrade` hands it
+                command.upgrade(config_with(tmp_path, connection), "heads")
+                connection.commit()
+            with engine.connect() as connection:
+                seen = connection.execute(text("SELECT * FROM seen_timeouts ORDER BY step")).all()
+                after = connection.execute(text("SHOW statement_timeout")).scalar()
+        finally:
+            engine.dispose()
+    assert [tuple(row) for row in seen] == [
+        (1, LOCK_TIMEOUT, STATEMENT_TIMEOUT),
+        (2, LOCK_TIMEOUT, "2min"),
+        (3, LOCK_TIMEOUT, STATEMENT_TIMEOUT),
+        (4, LOCK_TIMEOUT, STATEMENT_TIMEOUT),
+    ]
+    assert after == "0"  # nothing left on the session for the pool
+
+
+@pytest.mark.postgres
+def test_postgres_a_migration_blocked_by_a_lock_gives_up_and_frees_the_ingress(tmp_path):
+    """A long transaction reads the inbox; the migration's ALTER queues for its
+    lock, and an ingress INSERT behind it. Without a lock timeout both wait
+    for the reader; with it the migration fails after LOCK_TIMEOUT and the
+    INSERT goes through while the reader still holds its lock."""
+    write_revision(tmp_path, 'op.add_column("deliveries", sa.Column("probe", sa.Text()))')
+    limit = float(LOCK_TIMEOUT.removesuffix("s"))
+    with throwaway_postgres() as url:
+        engine = make_engine(url)
+        try:
+            with engine.begin() as connection:
+                upgrade_to_head(connection)
+                connection.execute(text(_A_SOURCE))
+            with engine.connect() as reader:
+                reader.execute(text("SELECT count(*) FROM deliveries"))  # holds ACCESS SHARE
+                upgrade = upgrade_process(url, tmp_path)
+                _wait_for_lock_wait(engine)
+                started = time.monotonic()
+                with engine.begin() as ingress:
+                    ingress.execute(text(_AN_INBOX_ROW))
+                inserted_after = time.monotonic() - started
+                output, _ = upgrade.communicate(timeout=30)
+                still_reading = reader.in_transaction()
+                reader.rollback()
+            with engine.connect() as connection:
+                version = connection.execute(
+                    text("SELECT version_num FROM alembic_version")
+                ).scalar()
+        finally:
+            engine.dispose()
+    assert upgrade.returncode != 0
+    assert "canceling statement due to lock timeout" in output
+    assert still_reading
+    assert inserted_after < limit + 2, inserted_after
+    assert version == head_revision()  # the failed revision left nothing behind
+
+
+@pytest.mark.postgres
+def test_db_upgrade_says_in_one_line_that_it_gave_up_on_a_lock(postgres_store: Store):
+    """Another release job migrating at the same moment holds the version
+    table: this one gives up after LOCK_TIMEOUT, with a line that says what to do."""
+    started = time.monotonic()
+    with postgres_store.engine.connect() as other_release:
+        other_release.execute(text("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE"))
+        started = time.monotonic()
+        result = taskhook(postgres_store, "db", "upgrade")
+        other_release.rollback()
+    elapsed = time.monotonic() - started
+    line = refused(result)
+    assert f"the migration waited {LOCK_TIMEOUT} for a lock" in line
+    assert "pg_stat_activity" in line
+    assert elapsed < float(LOCK_TIMEOUT.removesuffix("s")) + 3, elapsed
+
+
+_A_SOURCE = (
+    "INSERT INTO workspaces (id, slug, name, task_prefix, created_at) "
+    "VALUES (1, 'acme', 'Acme', 'ACME', CURRENT_TIMESTAMP); "
+    "INSERT INTO webhook_sources (id, slug, provider, workspace_id, create_events, created_at) "
+    "VALUES (1, 'acme-github', 'github', 1, '[]', CURRENT_TIMESTAMP)"
+)
+_AN_INBOX_ROW = (
+    "INSERT INTO deliveries (source_id, delivery_id, body, body_sha256, event, headers, "
+    "received_at, updated_at, status) VALUES (1, 'd-1', '\\x7b7d', 'abc', 'issues.opened', "
+    "'{}', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 'queued')"
+)
+
+
+def _wait_for_lock_wait(engine: Engine) -> None:
+    """Until some session waits for a lock (the migration's ALTER)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with engine.connect() as connection:
+            waiting = connection.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar()
+        if waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the migration never queued for its lock")
