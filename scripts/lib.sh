@@ -165,3 +165,25 @@ ensure_kubectl() {
     apt_install "kubectl (Debian's kubernetes-client package)" kubernetes-client || true
     require_commands "tests/deploy will fail (apt-get install kubernetes-client)" kubectl
 }
+
+# ensure_squawk: squawk (npm's squawk-cli, a PostgreSQL migration linter)
+# checks the SQL of every migration (python -m migrations.lint, run by
+# scripts/test). Installed with npm into the project's own .tools/ (git-
+# ignored), pinned; the package brings a prebuilt binary for this platform.
+# Without npm, nothing is tried; in CI (CI=true) a squawk still missing fails.
+SQUAWK_VERSION=2.66.0
+SQUAWK=${TASKHOOK_SQUAWK:-.tools/node_modules/.bin/squawk}
+ensure_squawk() {
+    if [ -x "$SQUAWK" ] && "$SQUAWK" --version 2>/dev/null | grep -qxF "squawk $SQUAWK_VERSION"; then
+        return 0
+    fi
+    if command -v npm >/dev/null; then
+        echo "==> installing squawk $SQUAWK_VERSION into .tools/"
+        npm install --prefix .tools --no-save --no-audit --no-fund \
+            "squawk-cli@$SQUAWK_VERSION" >"$VENV/npm.log" 2>&1 || cat "$VENV/npm.log" >&2
+    fi
+    if ! "$SQUAWK" --version >/dev/null 2>&1; then
+        echo "!! squawk missing; the migration lint will fail (needs npm: apt-get install npm)" >&2
+        [ "${CI:-}" != "true" ]
+    fi
+}

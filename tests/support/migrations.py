@@ -31,9 +31,12 @@ VERSIONS = ROOT / "migrations" / "versions"
 
 #: A realistic "expand" step on the inbox: a nullable column (a moment's
 #: lock) and an index built CONCURRENTLY (reads the whole table while the
-#: ingress keeps writing).
+#: ingress keeps writing). The concurrent step commits what came before it,
+#: so each statement can run again after a failure (IF NOT EXISTS).
 EXPAND_THE_INBOX = """
-    op.add_column("deliveries", sa.Column("probe_note", sa.Text(), nullable=True))
+    op.add_column(
+        "deliveries", sa.Column("probe_note", sa.Text(), nullable=True), if_not_exists=True
+    )
     concurrently(
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_deliveries_source_received "
         "ON deliveries (source_id, received_at)",
