@@ -8,8 +8,10 @@ check it for statements that lock the ingress out or break the release
 before it. Every rule applies to every new revision. The revisions released
 up to 0023 were written before the lint; they cannot be rewritten, so their
 findings are listed in :data:`RELEASED_EXCEPTIONS`, rule by rule, with why.
-An exception that no longer matches a finding fails the lint too, so the
-list never hides more than it says.
+A new revision that breaks a rule on purpose -- the contract step dropping a
+column a release before stopped using -- says so in its own file:
+``lint_exceptions = {"ban-drop-column": "why"}``. An exception that no
+longer matches a finding fails the lint too, so none hides more than it says.
 
 Exit status 0 when clean, 1 on a finding, 2 when squawk is missing.
 """
@@ -205,12 +207,17 @@ def squawk_findings(rendered: dict[str, str], squawk: Path) -> list[Finding]:
 
 
 def unexcused(
-    findings: Sequence[Finding], exceptions: dict[str, dict[str, str]]
+    findings: Sequence[Finding],
+    exceptions: dict[str, dict[str, str]],
+    *,
+    released_only: bool = True,
 ) -> tuple[list[Finding], list[str]]:
     """The findings no exception covers, and the exceptions nothing matched.
-    An exception for a revision after :data:`LAST_RELEASED_UNLINTED` covers
-    nothing: every rule applies to every new revision."""
-    exceptions = {r: rules for r, rules in exceptions.items() if r <= LAST_RELEASED_UNLINTED}
+    In the central list (``released_only``) an exception for a revision after
+    :data:`LAST_RELEASED_UNLINTED` covers nothing: a new revision excuses a
+    finding in its own file, or not at all."""
+    if released_only:
+        exceptions = {r: rules for r, rules in exceptions.items() if r <= LAST_RELEASED_UNLINTED}
     left = [f for f in findings if f.rule not in exceptions.get(f.revision, {})]
     seen = {(f.revision, f.rule) for f in findings}
     stale = [
@@ -222,11 +229,34 @@ def unexcused(
     return left, stale
 
 
+def declared_exceptions(config: Config | None = None) -> dict[str, dict[str, str]]:
+    """What revisions excuse in their own file: ``lint_exceptions = {rule: why}``
+    (the contract step of a change drops what a release before stopped using)."""
+    script = ScriptDirectory.from_config(config or alembic_config())
+    declared = {}
+    for revision in script.walk_revisions():
+        own = getattr(revision.module, "lint_exceptions", None)
+        if own is None:
+            continue
+        if not isinstance(own, dict) or not all(
+            isinstance(why, str) and why.strip() for why in own.values()
+        ):
+            raise ValueError(
+                f"revision {revision.revision}: lint_exceptions must map each rule to why"
+            )
+        declared[revision.revision] = own
+    return declared
+
+
 def lint(config: Config | None = None) -> list[str]:
     """Every problem in the revisions' SQL; empty when clean."""
+    config = config or alembic_config()
     rendered = render_upgrades(config)
-    left, stale = unexcused(squawk_findings(rendered, squawk_path()), RELEASED_EXCEPTIONS)
-    return [str(f) for f in left] + stale
+    released, declared = RELEASED_EXCEPTIONS, declared_exceptions(config)
+    findings = squawk_findings(rendered, squawk_path())
+    left, stale = unexcused(findings, released)
+    left, stale_declared = unexcused(left, declared, released_only=False)
+    return [str(f) for f in left] + stale + stale_declared
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -250,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SquawkMissing as error:
         print(f"migration lint: {error}", file=sys.stderr)
         return 2
+    except ValueError as error:  # a revision the lint cannot read as it should
+        print(f"migration lint: {error}", file=sys.stderr)
+        return 1
     for problem in problems:
         print(f"migration lint: {problem}", file=sys.stderr)
     if problems:

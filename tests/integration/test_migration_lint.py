@@ -46,6 +46,24 @@ def test_an_expand_step_done_the_safe_way_passes_the_lint(tmp_path, capsys):
     assert status == 0, output
 
 
+def test_a_contract_step_excuses_its_drop_in_its_own_file_with_why(tmp_path, capsys):
+    write_revision(
+        tmp_path,
+        'op.drop_column("deliveries", "draft_url")',
+        declarations='lint_exceptions = {"ban-drop-column": "unused since release 1.8 (0024)"}',
+    )
+    assert lint_with(tmp_path, capsys)[0] == 0
+
+    write_revision(
+        tmp_path,
+        'op.drop_column("deliveries", "draft_url")',
+        declarations='lint_exceptions = {"ban-drop-column": ""}',
+    )
+    status, output = lint_with(tmp_path, capsys)
+    assert status == 1
+    assert "lint_exceptions must map each rule to why" in output
+
+
 def test_every_revision_renders_with_the_timeouts_first(tmp_path):
     write_revision(tmp_path, EXPAND_THE_INBOX)
     rendered = render_upgrades(config_with(tmp_path))

@@ -27,6 +27,8 @@ from migrations import alembic_config
 from tests.support.stores import POSTGRES_ADMIN_URL, libpq
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The application_name of the migration process's sessions.
+MIGRATION_APP = "taskhook-migration"
 VERSIONS = ROOT / "migrations" / "versions"
 
 #: A realistic "expand" step on the inbox: a nullable column (a moment's
@@ -55,7 +57,7 @@ revision = {revision!r}
 down_revision = {down!r}
 branch_labels = None
 depends_on = None
-
+{declarations}
 
 def upgrade() -> None:
 {upgrade}
@@ -76,12 +78,19 @@ def previous_revision() -> str:
     return script.get_revision(script.get_current_head()).down_revision
 
 
-def write_revision(folder: Path, upgrade: str, *, revision: str = "9001") -> str:
-    """A revision on top of the project's head, in ``folder``; its id."""
+def write_revision(
+    folder: Path, upgrade: str, *, revision: str = "9001", declarations: str = ""
+) -> str:
+    """A revision on top of the project's head, in ``folder``; its id.
+    ``declarations`` go at the module's top level."""
     folder.mkdir(parents=True, exist_ok=True)
     body = textwrap.indent(textwrap.dedent(upgrade).strip(), "    ")
     text = _REVISION.format(
-        message=f"test revision {revision}", revision=revision, down=head_revision(), upgrade=body
+        message=f"test revision {revision}",
+        revision=revision,
+        down=head_revision(),
+        declarations=textwrap.dedent(declarations),
+        upgrade=body,
     )
     (folder / f"{revision}_test.py").write_text(text)
     return revision
@@ -115,7 +124,13 @@ def upgrade_process(url: str, folder: Path | None) -> subprocess.Popen:
     if folder is not None:
         args.append(str(folder))
     return subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        args,
+        cwd=ROOT,
+        # Named in pg_stat_activity, so a test tells its sessions from the ingress's.
+        env=os.environ | {"PGAPPNAME": MIGRATION_APP},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -164,3 +165,40 @@ def post_all(
     """Post every delivery, ``concurrency`` at a time (or spread at ``rate`` per
     second); every answer comes back, including the ones that never came."""
     return asyncio.run(_post_all(base_url, list(deliveries), concurrency, timeout, rate))
+
+
+def stream_until(
+    base_url: str,
+    make: Callable[[int], Delivery],
+    *,
+    rate: float,
+    stop: threading.Event,
+    connections: int = 256,
+    timeout: float = 30.0,
+) -> Answers:
+    """Post ``make(0)``, ``make(1)``, ... at a steady ``rate`` per second until
+    ``stop`` is set, never waiting for an answer before the next is due, so a
+    stalled server shows as slow answers rather than as fewer requests. A wait
+    for one of the ``connections`` counts in the answer's time."""
+    return asyncio.run(_stream(base_url, make, rate, stop, connections, timeout))
+
+
+async def _stream(base_url, make, rate, stop, connections, timeout) -> Answers:
+    answers = Answers()
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits) as client:
+
+        async def one(delivery: Delivery) -> None:
+            answers.answers.append(await _post(client, delivery, timeout))
+
+        pending = []
+        started = time.perf_counter()
+        index = 0
+        while not stop.is_set():
+            delay = started + index / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            pending.append(asyncio.create_task(one(make(index))))
+            index += 1
+        await asyncio.gather(*pending)
+    return answers
