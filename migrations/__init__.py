@@ -1,4 +1,17 @@
-"""Alembic migrations: the only way taskhook's schema changes."""
+"""Alembic migrations: the only way taskhook's schema changes.
+
+A migration runs while the previous release still serves, so:
+
+- it never stops the ingress: on PostgreSQL it gives up on a lock after 4 s
+  and stops a statement after 5 s (timeouts.py); a revision that needs
+  longer says so in its own file (``longer_statements``, ``concurrently``);
+- a destructive change comes in two releases, expand then contract: add what
+  the old code can ignore now, drop what it used a release later;
+- ``python -m migrations.lint`` (squawk, in scripts/test) holds every new
+  revision to both.
+
+docs/deploy.md, "Changing the schema", has the table of safe changes.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 
+Operational note: what this locks, for how long, and whether the previous
+release's code keeps working beside it (expand then contract:
+docs/deploy.md, "Changing the schema").
 """
 from typing import Sequence, Union
 

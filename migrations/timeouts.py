@@ -75,7 +75,16 @@ def concurrently(statement: str, *, timeout: str) -> None:
     if not _on_postgresql():
         op.execute(statement.replace(" CONCURRENTLY", ""))
         return
-    with op.get_context().autocommit_block():
+    context = op.get_context()
+    # Alembic's own flag: the caller began the transaction, so Alembic cannot
+    # commit it (its autocommit block would fail on an assert).
+    if getattr(context, "_in_external_transaction", False):
+        raise RuntimeError(
+            "a revision with a CONCURRENTLY step needs a connection outside any "
+            "transaction (taskhook db upgrade hands one): upgrade with "
+            "engine.connect(), not engine.begin()"
+        )
+    with context.autocommit_block():
         for setting in timeout_statements(statement=timeout, scope="SESSION"):
             op.execute(setting)
         try:

@@ -464,3 +464,37 @@ def _wait_for_lock_wait(engine: Engine) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("the migration never queued for its lock")
+
+
+_BOTH_HELPERS = """
+    with longer_statements("2min"):
+        op.add_column("deliveries", sa.Column("probe", sa.Text()))
+    concurrently(
+        "CREATE INDEX CONCURRENTLY ix_deliveries_probe ON deliveries (probe)", timeout="1min"
+    )
+"""
+
+
+def test_the_timeout_helpers_run_their_statements_on_both_databases(empty_engine, tmp_path):
+    """SQLite has no timeouts and no CONCURRENTLY: the statements run as they are."""
+    write_revision(tmp_path, _BOTH_HELPERS)
+    with empty_engine.connect() as connection:
+        command.upgrade(config_with(tmp_path, connection), "heads")
+        connection.commit()
+    indexes = {ix["name"] for ix in inspect(empty_engine).get_indexes("deliveries")}
+    assert "ix_deliveries_probe" in indexes
+
+
+@pytest.mark.postgres
+def test_a_concurrent_step_in_a_transaction_the_caller_owns_says_why_it_cannot(tmp_path):
+    write_revision(tmp_path, _BOTH_HELPERS)
+    with throwaway_postgres() as url:
+        engine = make_engine(url)
+        try:
+            with (
+                pytest.raises(RuntimeError, match="outside any transaction"),
+                engine.begin() as connection,
+            ):
+                command.upgrade(config_with(tmp_path, connection), "heads")
+        finally:
+            engine.dispose()
