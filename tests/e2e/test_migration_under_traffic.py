@@ -47,7 +47,7 @@ from tests.support.migrations import (
 from tests.support.processes import Ingress
 from tests.support.traffic import Answers, Delivery, stream_until
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 FULL = os.environ.get("TASKHOOK_FULL_MIGRATION_TEST") == "1"
 ROWS = 1_000_000 if FULL else 50_000
