@@ -42,7 +42,9 @@ def empty_engine(request: pytest.FixtureRequest, tmp_path) -> Iterator[Engine]:
     name = f"taskhook_migrate_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    engine = make_engine(make_url(POSTGRES_ADMIN_URL).set(database=name))
+    # make_engine takes the URL as text (models/postgres_hosts.py reads its hosts).
+    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
     yield engine
     engine.dispose()
     with psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
