@@ -598,7 +598,7 @@ class Delivery(Base):
     catchup_run_id: Mapped[int | None] = mapped_column(Integer)
     #: The W3C traceparent of the span that stored it, when tracing is on
     #: (models/tracing.py): every later run of the delivery links to it.
-    trace_context: Mapped[str | None] = mapped_column(String(55))
+    trace_context: Mapped[str | None] = mapped_column(Text)
 
 
 class ApiToken(Base):

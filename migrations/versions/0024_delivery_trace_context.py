@@ -30,7 +30,9 @@ def upgrade() -> None:
     # Not in a batch: on SQLite a batch recreates the table (0023 says why
     # that must not happen to a table others reference); a nullable column is
     # added in place.
-    op.add_column("deliveries", sa.Column("trace_context", sa.String(55), nullable=True))
+    # text, not varchar(55): widening a varchar takes the inbox's ACCESS
+    # EXCLUSIVE lock (the migration lint's prefer-text-field).
+    op.add_column("deliveries", sa.Column("trace_context", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
