@@ -1,13 +1,15 @@
 """A release's migration while the ingress takes traffic: the ingress's p99
 during the migration against before, on a PostgreSQL inbox of many rows.
 
-A throwaway database at the revision before the newest (head-1) holds
-MIGRATION_TEST_ROWS inbox rows (bulk-loaded with INSERT ... SELECT); a real
-ingress (``python -m ingest.server``) takes a steady stream of signed GitHub
-deliveries; and then ``alembic upgrade heads`` runs in a process of its own,
-as a release job runs it: the project's newest revision, then a realistic
-expand step on the inbox written for the test (a nullable column and an
-index built CONCURRENTLY, tests/support/migrations.py). No delivery may fail,
+As a deploy runs it: a throwaway database at the previous release's newest
+revision holds ROWS inbox rows (bulk-loaded with INSERT ... SELECT); the
+previous release's ingress (its code laid out from this clone's history,
+tests/support/releases.py; ``python -m ingest.server``) takes a steady stream
+of signed GitHub deliveries; and then this code's ``alembic upgrade heads``
+runs in a process of its own, as the release job: every revision the
+previous release lacks, then a realistic expand step on the inbox written
+for the test (a nullable column and an index built CONCURRENTLY,
+tests/support/migrations.py). No delivery may fail,
 none may wait longer than the migration's lock timeout, and the figures are
 printed and written to var/migration-under-traffic.json.
 
@@ -39,12 +41,12 @@ from tests.support.migrations import (
     EXPAND_THE_INBOX,
     MIGRATION_APP,
     ROOT,
-    previous_revision,
     throwaway_postgres,
     upgrade_process,
     write_revision,
 )
 from tests.support.processes import Ingress
+from tests.support.releases import PREVIOUS, lay_out
 from tests.support.traffic import Answers, Delivery, stream_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -86,11 +88,20 @@ def test_the_ingress_keeps_answering_while_a_release_migrates_its_inbox(
     tmp_path: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
 ):
     expand = write_revision(tmp_path / "versions", EXPAND_THE_INBOX)
+    previous = lay_out(PREVIOUS, tmp_path / PREVIOUS.version)
     with throwaway_postgres("taskhook_traffic") as url:
         engine = make_engine(url)
         try:
-            loaded_in = _inbox_at_head_minus_one(engine, ROWS)
-            ingress = Ingress(tmp_path, url, redis_url)
+            loaded_in = _inbox_at(newest_revision_of(previous), engine, ROWS)
+            ingress = Ingress(
+                tmp_path,
+                url,
+                redis_url,
+                cwd=previous,
+                PYTHONPATH=str(previous),
+                # The previous code's folder has no key file of its own.
+                TASKHOOK_ENCRYPTION_KEY_FILE=str(ROOT / "var" / "encryption.key"),
+            )
             waits = LockWaits(engine)
             try:
                 answers, began, ended, migration, scrapes = _migrate_under_traffic(
@@ -144,13 +155,20 @@ def test_the_ingress_keeps_answering_while_a_release_migrates_its_inbox(
     assert waits.longest < float(LOCK_TIMEOUT.removesuffix("s")), waits.longest
 
 
-def _inbox_at_head_minus_one(engine: Engine, rows: int) -> float:
-    """The database at head-1 with a workspace, its GitHub source and ``rows``
-    inbox rows; the seconds the rows took to load."""
+def newest_revision_of(code: Path) -> str:
+    """The newest revision of the release laid out at ``code``, by its file
+    names (revisions are numbered in order; importing them would mix them
+    up with this code's, which have the same module names)."""
+    return max(path.name.split("_")[0] for path in (code / "migrations/versions").glob("0*_*.py"))
+
+
+def _inbox_at(revision: str, engine: Engine, rows: int) -> float:
+    """The database at ``revision`` with a workspace, its GitHub source and
+    ``rows`` inbox rows; the seconds the rows took to load."""
     with engine.begin() as connection:
         command.upgrade(alembic_config(connection), "head")
-    # The source as the CLI adds it (its secret sealed), then back to head-1:
-    # the newest revision is what the release under test applies.
+    # The source as the CLI adds it (its secret sealed), then back to the
+    # previous release's revision: what this one adds is the migration under test.
     with session_scope(make_session_factory(engine)) as session:
         workspace = create_workspace(session=session, slug="acme", name="Acme", task_prefix="ACME")
         source = add_source(
@@ -163,7 +181,7 @@ def _inbox_at_head_minus_one(engine: Engine, rows: int) -> float:
         )
         source_id = source.id
     with engine.begin() as connection:
-        command.downgrade(alembic_config(connection), previous_revision())
+        command.downgrade(alembic_config(connection), revision)
     started = time.monotonic()
     step = 250_000
     for low in range(1, rows + 1, step):

@@ -72,12 +72,6 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
-def previous_revision() -> str:
-    """The revision just before the project's head (head-1)."""
-    script = ScriptDirectory.from_config(alembic_config())
-    return script.get_revision(script.get_current_head()).down_revision
-
-
 def write_revision(
     folder: Path, upgrade: str, *, revision: str = "9001", declarations: str = ""
 ) -> str:
