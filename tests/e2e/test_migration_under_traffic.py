@@ -13,7 +13,7 @@ tests/support/migrations.py). No delivery may fail,
 none may wait longer than the migration's lock timeout, and the figures are
 printed and written to var/migration-under-traffic.json.
 
-By default the inbox holds 50,000 rows (a smoke run of ~40 s);
+By default the inbox holds 50,000 rows (a smoke run of about 20-30 s);
 ``TASKHOOK_FULL_MIGRATION_TEST=1`` makes it 1,000,000 (docs/deploy.md,
 "Changing the schema", has that run's figures).
 """
