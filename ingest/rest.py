@@ -48,6 +48,8 @@ STATUS_OF_KIND: dict[ErrorKind, int] = {
     # Not the caller's to fix: answered like any failure of the service, so
     # the caller retries once an operator has fixed the workspace.
     ErrorKind.MISCONFIGURED: 503,
+    # HTTP's own answer to an If-Match that no longer matches (RFC 9110 §13.1.1).
+    ErrorKind.STALE: 412,
 }
 
 

@@ -35,6 +35,9 @@ class ErrorKind(enum.Enum):
     #: The store's own setup is wrong (a workspace without workflow steps):
     #: not the caller's mistake, and only an operator can fix it.
     MISCONFIGURED = "misconfigured"
+    #: The caller's guard (``If-Match``: the revision it saw) names a state
+    #: the target has left: nothing was changed. Read it again, then decide.
+    STALE = "stale"
 
 
 class RefusalKind(enum.Enum):
@@ -166,6 +169,12 @@ class InvalidMerge(TaskStoreError, ValueError):
     kind = ErrorKind.INVALID
 
 
+class InvalidIdempotencyKey(TaskStoreError, ValueError):
+    """An ``Idempotency-Key`` or a guard no key row can keep (models/idempotency.py)."""
+
+    kind = ErrorKind.INVALID
+
+
 class InvalidExternalId(TaskStoreError, ValueError):
     """The external id is malformed; ``reason`` is safe to show the caller.
 
@@ -270,6 +279,31 @@ class MergeRefused(TaskStoreError):
     kind = ErrorKind.CONFLICT
 
 
+class IdempotencyKeyReused(TaskStoreError):
+    """An ``Idempotency-Key`` came back with a request other than the one it
+    first carried (another body, route, target or guard): nothing was done."""
+
+    kind = ErrorKind.CONFLICT
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was first sent with a different request; "
+            "nothing was done (use a new key for a new request)"
+        )
+        self.key = key
+
+
+class IdempotencyKeyBusy(TaskStoreError):
+    """The key's row kept vanishing while a request claimed it (a prune at
+    that very moment): nothing was done, and the retry is safe."""
+
+    kind = ErrorKind.CONFLICT
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"Idempotency-Key {key!r} is busy; nothing was done, retry")
+        self.key = key
+
+
 class NotReplayable(TaskStoreError):
     """The delivery is in a state a replay cannot start from."""
 
@@ -318,6 +352,23 @@ class DeleteReserved(TaskStoreError, PermissionError):
             "ask one, or archive the task instead"
         )
         self.workspace = workspace
+
+
+# --- stale -----------------------------------------------------------------------------
+
+
+class StaleRevision(TaskStoreError):
+    """``If-Match`` named a revision of the task other than its current one."""
+
+    kind = ErrorKind.STALE
+
+    def __init__(self, task_id: int, expected: str, current: str) -> None:
+        super().__init__(
+            f"task {task_id} changed since revision {expected} (now {current}); nothing was done"
+        )
+        self.task_id = task_id
+        self.expected = expected
+        self.current = current
 
 
 # --- misconfigured ---------------------------------------------------------------------

@@ -433,6 +433,13 @@ class Settings(BaseSettings):
     )
 
     # --- retention (models/retention.py; docs/runbook.md, "Retention") ----------------
+    idempotency_window_hours: float = Field(
+        default=24.0,
+        gt=0,
+        le=24 * 30,
+        description="How long a change's Idempotency-Key is kept (models/idempotency.py): a "
+        "retry within it replays the first answer; after it the same key is a new request.",
+    )
     body_retention_days: int = Field(
         default=30,
         ge=0,

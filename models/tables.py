@@ -723,3 +723,37 @@ class Operation(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class IdempotencyKey(Base):
+    """One ``Idempotency-Key`` a caller sent with a change (models/idempotency.py).
+
+    Written in the change's own transaction, so a key row exists exactly when
+    its change committed; a retry under the same key finds it and replays the
+    receipt. ``(actor, key)`` is unique: of two concurrent retries, one
+    inserts and acts, the other waits for it and replays."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        UniqueConstraint("actor", "key"),
+        Index("ix_idempotency_keys_expires_at", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: Who sent it: ``token:<id>`` (REST, MCP, the console), ``cli:<operator>``.
+    actor: Mapped[str] = mapped_column(String(240))
+    key: Mapped[str] = mapped_column(String(255))
+    #: SHA-256 over the method, the route, the target, the body and the guard.
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    #: What the change was about, for people: ``task 42``, ``identity 3/jira:X-1``.
+    target: Mapped[str] = mapped_column(Text)
+    #: The receipt: the committed event when the change appended one (not a
+    #: foreign key -- retention may outlive it), else ``status`` and ``answer``.
+    event_id: Mapped[int | None] = mapped_column(Integer)
+    workspace_id: Mapped[int | None] = mapped_column(Integer)
+    task_id: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[int | None] = mapped_column(Integer)
+    answer: Mapped[dict | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: After this the key is forgotten: the same key is a new request.
+    expires_at: Mapped[datetime]

@@ -714,7 +714,7 @@ def delete_task(*, session: Session, caller: Caller, task_id: int) -> TaskDeleti
         raise DeleteReserved(workspace.slug)
     # Held, so that a settlement cannot commit between the check below and
     # the delete: the task.created event comes exactly once either way.
-    task = _held_until_commit(session, task_id)
+    task = held_until_commit(session, task_id)
     if task is None:
         raise TaskNotFound()  # deleted by another request meanwhile
     append_created_if_missing(session=session, task=task)
@@ -741,7 +741,7 @@ DELETED_BY_OPERATOR = "operator"
 DELETED_BY_MEMBER = "member"
 
 
-def _held_until_commit(session: Session, task_id: int) -> Task | None:
+def held_until_commit(session: Session, task_id: int) -> Task | None:
     """The task read afresh and held until the caller's commit; None when
     its row is gone. PostgreSQL locks the row (``FOR UPDATE``). SQLite
     ignores ``FOR UPDATE``, so there the transaction begins with a write (one

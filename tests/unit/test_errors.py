@@ -77,6 +77,7 @@ def test_the_rest_table_answers_every_kind():
         ErrorKind.CONFLICT: 409,
         ErrorKind.FORBIDDEN: 403,
         ErrorKind.MISCONFIGURED: 503,
+        ErrorKind.STALE: 412,
     }
 
 

@@ -17,6 +17,7 @@ STATUS = {
     ErrorKind.CONFLICT: 409,
     ErrorKind.FORBIDDEN: 403,
     ErrorKind.MISCONFIGURED: 503,
+    ErrorKind.STALE: 412,
 }
 
 

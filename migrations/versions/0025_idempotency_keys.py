@@ -1,0 +1,54 @@
+"""Retries of every change that is not a create: the keys they carry.
+
+Revision ID: 0025
+Revises: 0024
+Create Date: 2026-12-07
+
+``idempotency_keys`` keeps one row per ``Idempotency-Key`` a caller sent with
+a release, an archive, a delete, a merge or another change (models/
+idempotency.py): who sent it, a fingerprint of the request, and the receipt
+-- the committed event where the change appended one, else its status and
+answer. Unique on ``(actor, key)``; rows expire after
+``TASKHOOK_IDEMPOTENCY_WINDOW_HOURS`` and retention deletes them.
+See docs/contract.md, "Retries of everything that is not a create".
+
+Operational note: one new table, nothing else changes; no backfill. Version
+0.1.0's code never names it, so it runs on this schema unchanged.
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0025"
+down_revision: str | None = "0024"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    # A new table that nothing references: no batch, no existing table touched.
+    op.create_table(
+        "idempotency_keys",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("actor", sa.String(240), nullable=False),
+        sa.Column("key", sa.String(255), nullable=False),
+        sa.Column("fingerprint", sa.String(64), nullable=False),
+        sa.Column("target", sa.Text(), nullable=False),
+        sa.Column("event_id", sa.Integer(), nullable=True),
+        sa.Column("workspace_id", sa.Integer(), nullable=True),
+        sa.Column("task_id", sa.Integer(), nullable=True),
+        sa.Column("status", sa.Integer(), nullable=True),
+        sa.Column("answer", sa.JSON(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id", name="pk_idempotency_keys"),
+        sa.UniqueConstraint("actor", "key", name="uniq_idempotency_keys_actor_key"),
+    )
+    op.create_index("ix_idempotency_keys_expires_at", "idempotency_keys", ["expires_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_idempotency_keys_expires_at", table_name="idempotency_keys")
+    op.drop_table("idempotency_keys")

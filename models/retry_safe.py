@@ -1,0 +1,190 @@
+"""The retry-safe forms of the changes every surface offers: archive,
+delete and release, each with a guard and, when the caller sends one, an
+``Idempotency-Key`` (models/idempotency.py).
+
+REST, MCP, the CLI and the console call these, so a key means the same on
+each: a key sent over REST and again over MCP for the same request replays
+(the action, not the route, is fingerprinted; the actor is the token).
+
+A replay answers as a fresh request would where the caller's view changed:
+it asks the caller's scope *now*, and the task's current state -- an archive
+replayed after the task was deleted, or through a token that lost its
+workspace, is 404, as a fresh archive is (docs/contract.md, "Retries of
+everything that is not a create").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+
+from models.access import Caller
+from models.errors import TaskNotFound, WorkspaceNotAccessible
+from models.events import EventType
+from models.external_id import normalize_external_id
+from models.idempotency import (
+    DEFAULT_WINDOW,
+    KeyedRequest,
+    Receipt,
+    check_revision,
+    checked_if_match,
+    checked_key,
+    latest_event,
+    run_once,
+)
+from models.tables import Task
+from models.tasks import (
+    archive_task,
+    delete_task,
+    get_task,
+    held_until_commit,
+    release_external_id,
+)
+
+ARCHIVE = "task.archive"
+DELETE = "task.delete"
+RELEASE = "identity.release"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Who sends the key, the key (None: no key, the change runs as sent),
+    and how long it is kept."""
+
+    actor: str
+    key: str | None
+    window: timedelta = DEFAULT_WINDOW
+
+    @classmethod
+    def of(cls, actor: str, key: object, window: timedelta = DEFAULT_WINDOW) -> Retry:
+        """Raises :class:`InvalidIdempotencyKey` for a key no row can keep."""
+        return cls(actor=actor, key=checked_key(key), window=window)
+
+
+def token_actor(token_id: int) -> str:
+    """The actor of a token's requests, whichever surface it uses."""
+    return f"token:{token_id}"
+
+
+def _once(session: Session, retry: Retry | None, request: KeyedRequest, change) -> Receipt:
+    if retry is None or retry.key is None:
+        return change()
+    return run_once(session=session, request=request, change=change, window=retry.window)
+
+
+def _keyed(retry: Retry | None, action: str, target: str, body: dict, guard) -> KeyedRequest:
+    return KeyedRequest(
+        actor=retry.actor if retry else "",
+        key=(retry.key or "") if retry else "",
+        action=action,
+        target=target,
+        body=body,
+        guard=None if guard is None else str(guard),
+    )
+
+
+def _locked_at_revision(session: Session, caller: Caller, task_id: int, guard: str | None) -> Task:
+    """The task, visible to ``caller``, held until commit, at ``guard``'s revision."""
+    get_task(session=session, caller=caller, task_id=task_id)
+    task = held_until_commit(session, task_id)
+    if task is None:
+        raise TaskNotFound()
+    check_revision(task, guard)
+    return task
+
+
+def archive(
+    *,
+    session: Session,
+    caller: Caller,
+    task_id: int,
+    if_match: object = None,
+    retry: Retry | None = None,
+) -> tuple[Task, Receipt]:
+    """Archive the task unless it changed since ``if_match``; the task as it
+    is now, and the receipt. A replay reads the task again as ``caller``."""
+    guard = checked_if_match(if_match)
+
+    def change() -> Receipt:
+        task = _locked_at_revision(session, caller, task_id, guard)
+        was_archived = task.archived_at is not None
+        archive_task(session=session, caller=caller, task_id=task_id)
+        event = (
+            None
+            if was_archived
+            else latest_event(session, task_id=task_id, type=EventType.ARCHIVED)
+        )
+        return Receipt(status=200, workspace_id=task.workspace_id, task_id=task_id, event=event)
+
+    receipt = _once(session, retry, _keyed(retry, ARCHIVE, f"task {task_id}", {}, guard), change)
+    # Fresh or replayed, the answer is the task as the caller may see it now.
+    return get_task(session=session, caller=caller, task_id=task_id), receipt
+
+
+def delete(
+    *,
+    session: Session,
+    caller: Caller,
+    task_id: int,
+    if_match: object = None,
+    retry: Retry | None = None,
+) -> Receipt:
+    """Delete the task unless it changed since ``if_match``. A replay answers
+    the first delete's receipt while ``caller`` may still see the workspace
+    the task was in, and as a fresh delete (not found) once it may not."""
+    guard = checked_if_match(if_match)
+
+    def change() -> Receipt:
+        task = _locked_at_revision(session, caller, task_id, guard)
+        workspace_id = task.workspace_id
+        delete_task(session=session, caller=caller, task_id=task_id)
+        event = latest_event(session, task_id=task_id, type=EventType.DELETED)
+        return Receipt(status=204, workspace_id=workspace_id, task_id=task_id, event=event)
+
+    receipt = _once(session, retry, _keyed(retry, DELETE, f"task {task_id}", {}, guard), change)
+    if receipt.replayed and not caller.may_access(receipt.workspace_id or 0):
+        raise TaskNotFound()
+    return receipt
+
+
+def release(
+    *,
+    session: Session,
+    caller: Caller,
+    workspace_id: int,
+    external_id: object,
+    operator: str,
+    reason: str,
+    expected_task_id: int | None = None,
+    retry: Retry | None = None,
+) -> Receipt:
+    """Release the identity (``models.tasks.release_external_id``; the guard
+    is ``expected_task_id``). The target is the workspace and the normalized
+    external id, never resolved again: a retry after the identity was freed,
+    or after its task gained an alias, replays the first release."""
+    if not caller.may_access(workspace_id):
+        raise WorkspaceNotAccessible(workspace_id)
+    normalized = normalize_external_id(external_id)
+
+    def change() -> Receipt:
+        audit = release_external_id(
+            session=session,
+            workspace_id=workspace_id,
+            external_id=external_id,
+            operator=operator,
+            reason=reason,
+            expected_task_id=expected_task_id,
+        )
+        event = latest_event(session, task_id=audit.task_id, type=EventType.IDENTITY_RELEASED)
+        return Receipt(status=204, workspace_id=workspace_id, task_id=audit.task_id, event=event)
+
+    request = _keyed(
+        retry,
+        RELEASE,
+        f"identity {workspace_id}/{normalized}",
+        {"reason": (reason or "").strip()},
+        expected_task_id,
+    )
+    return _once(session, retry, request, change)
