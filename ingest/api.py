@@ -15,9 +15,10 @@ words for a hidden workspace ("task not created").
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -34,20 +35,20 @@ from ingest.rest import (
     require_access,
 )
 from ingest.schemas import CreatedTask, FoundTask, TaskCreate, TaskPage, TaskPatch, TaskRead
+from models import retry_safe
 from models.errors import TaskNotFound
+from models.idempotency import task_revision
 from models.identities import names_shown
 from models.tables import Task
 from models.tasks import (
     NewTask,
-    archive_task,
     create_task,
-    delete_task,
     find_task_by_external_id,
     get_task,
     list_tasks,
-    release_external_id,
     update_task,
 )
+from models.tokens import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"], responses=error_responses(400, 401, 503))
 
@@ -66,6 +67,44 @@ def _first_problem(error: ValidationError) -> str:
     problem = error.errors()[0]
     where = ".".join(str(part) for part in problem["loc"]) or "body"
     return f"{where}: {problem['msg']}"
+
+
+# --- retries of the changes that are not a create (docs/contract.md, "Retries of
+# everything that is not a create") ----------------------------------------------------
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Any unique text (a UUID) naming this change. A retry with the same key "
+        "and the same request gets the first answer back and changes nothing again "
+        "(`Idempotent-Replayed: true`); the same key with another request gets 409. Kept "
+        "for TASKHOOK_IDEMPOTENCY_WINDOW_HOURS (24), after which it is a new request.",
+    ),
+]
+IfMatchHeader = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        description="The task's revision as its ETag gave it (GET /tasks/{task_id}): when "
+        "the task changed since, nothing is done and the answer is 412.",
+    ),
+]
+#: Says a response is the replay of an earlier one under the same key.
+REPLAYED = "Idempotent-Replayed"
+
+
+def _retry(request: Request, principal: Principal, key: str | None) -> retry_safe.Retry:
+    hours = request.app.state.runtime.settings.idempotency_window_hours
+    return retry_safe.Retry.of(
+        retry_safe.token_actor(principal.token_id), key, window=timedelta(hours=hours)
+    )
+
+
+def _replayed(response: Response, replayed: bool) -> Response:
+    if replayed:
+        response.headers[REPLAYED] = "true"
+    return response
 
 
 # --- create and the identity routes ---------------------------------------------------
@@ -196,29 +235,34 @@ def release(
             "task holds it, nothing is released and the answer is 409, naming the holder.",
         ),
     ] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
     """Sets the holder's external_id and its settlement to null and writes an
     audit row naming the token. Release is for an identity a person has
     determined is abandoned -- never an automatic answer to
     ``creation_complete: false``. Send ``expected_task_id`` with the holder
     you looked at, so that a task that claimed the identity since is never
-    freed by mistake."""
+    freed by mistake. With an ``Idempotency-Key``, a retry after the release
+    committed answers 204 again, even though the identity is free (or held by
+    a newer task) by then."""
     require_access(principal, workspace_id)
     if not principal.is_operator:
         raise ApiError(403, "releasing an external_id needs an operator token")
+    retry = _retry(request, principal, idempotency_key)
 
-    def work(session: Session) -> None:
-        release_external_id(
+    def work(session: Session) -> bool:
+        return retry_safe.release(
             session=session,
+            caller=principal.caller,
             workspace_id=workspace_id,
             external_id=external_id,
             operator=principal.name,
             reason=reason or "",
             expected_task_id=expected_task_id,
-        )
+            retry=retry,
+        ).replayed
 
-    in_session(request, work)
-    return Response(status_code=204)
+    return _replayed(Response(status_code=204), in_session(request, work))
 
 
 # --- plain task routes ------------------------------------------------------------------
@@ -229,12 +273,21 @@ def _read(session: Session, task: Task) -> TaskRead:
     return TaskRead.of(task, names_shown(session, [task.id])[task.id])
 
 
+def _revised(session: Session, task: Task) -> tuple[TaskRead, str]:
+    return _read(session, task), task_revision(task)
+
+
 @router.get("/tasks/{task_id}", response_model=TaskRead, responses=error_responses(404))
-def read_task(request: Request, principal: Authenticated, task_id: Id) -> TaskRead:
-    return in_session(
+def read_task(
+    request: Request, response: Response, principal: Authenticated, task_id: Id
+) -> TaskRead:
+    """The task; its ``ETag`` header is its revision, for ``If-Match``."""
+    read, revision = in_session(
         request,
-        lambda s: _read(s, get_task(session=s, caller=principal.caller, task_id=task_id)),
+        lambda s: _revised(s, get_task(session=s, caller=principal.caller, task_id=task_id)),
     )
+    response.headers["ETag"] = revision
+    return read
 
 
 @router.get(
@@ -304,20 +357,59 @@ async def edit_task(request: Request, principal: Authenticated, task_id: Id) -> 
     return await run_in_threadpool(in_session, request, work)
 
 
-@router.post("/tasks/{task_id}/archive", response_model=TaskRead, responses=error_responses(404))
-def archive(request: Request, principal: Authenticated, task_id: Id) -> TaskRead:
-    """Archive the task. It keeps its external_id: a retried create still finds it."""
-    return in_session(
-        request,
-        lambda s: _read(s, archive_task(session=s, caller=principal.caller, task_id=task_id)),
-    )
+@router.post(
+    "/tasks/{task_id}/archive", response_model=TaskRead, responses=error_responses(404, 409, 412)
+)
+def archive(
+    request: Request,
+    response: Response,
+    principal: Authenticated,
+    task_id: Id,
+    idempotency_key: IdempotencyKeyHeader = None,
+    if_match: IfMatchHeader = None,
+) -> TaskRead:
+    """Archive the task. It keeps its external_id: a retried create still finds it.
+    The answer is the task as it is now, with its new ``ETag``."""
+    retry = _retry(request, principal, idempotency_key)
+
+    def work(session: Session) -> tuple[TaskRead, str, bool]:
+        task, receipt = retry_safe.archive(
+            session=session,
+            caller=principal.caller,
+            task_id=task_id,
+            if_match=if_match,
+            retry=retry,
+        )
+        return *_revised(session, task), receipt.replayed
+
+    read, revision, replayed = in_session(request, work)
+    response.headers["ETag"] = revision
+    _replayed(response, replayed)
+    return read
 
 
-@router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(403, 404))
-def delete(request: Request, principal: Authenticated, task_id: Id) -> Response:
+@router.delete("/tasks/{task_id}", status_code=204, responses=error_responses(403, 404, 409, 412))
+def delete(
+    request: Request,
+    principal: Authenticated,
+    task_id: Id,
+    idempotency_key: IdempotencyKeyHeader = None,
+    if_match: IfMatchHeader = None,
+) -> Response:
     """Delete the task. Its external_id is free again: a later create makes a new task.
     Audited (the token's name and role, the time, the identity freed). A
     workspace may reserve deletes to operators: a member token then gets 403
-    and nothing is deleted."""
-    in_session(request, lambda s: delete_task(session=s, caller=principal.caller, task_id=task_id))
-    return Response(status_code=204)
+    and nothing is deleted. With an ``Idempotency-Key``, a retry after the
+    delete committed answers 204 again, not 404."""
+    retry = _retry(request, principal, idempotency_key)
+
+    def work(session: Session) -> bool:
+        return retry_safe.delete(
+            session=session,
+            caller=principal.caller,
+            task_id=task_id,
+            if_match=if_match,
+            retry=retry,
+        ).replayed
+
+    return _replayed(Response(status_code=204), in_session(request, work))

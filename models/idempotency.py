@@ -11,8 +11,10 @@ everything that makes two requests the same -- and runs the change through
    (PostgreSQL waits on the unique index; SQLite has one writer) and then
    finds its committed row.
 2. A row found within its window with the same fingerprint is a retry: its
-   receipt comes back and nothing is done again. Another fingerprint is a
-   different request under a used key: :class:`IdempotencyKeyReused`.
+   receipt comes back and nothing is done again. Another fingerprint -- another
+   actor, action, target, body or guard -- is a different request under a
+   used key: :class:`IdempotencyKeyReused`, which says nothing of the first
+   (a key is one actor's, for one target: another's is never replayed to it).
 3. A row past its window is forgotten: deleted, and the request is new.
 4. Otherwise the change runs, and its receipt is written into the row: the
    event it appended (the committed event *is* the receipt), or a status and
@@ -92,7 +94,7 @@ class KeyedRequest:
 
     def fingerprint(self) -> str:
         canonical = json.dumps(
-            [self.action, self.target, dict(self.body), self.guard],
+            [self.actor, self.action, self.target, dict(self.body), self.guard],
             sort_keys=True,
             separators=(",", ":"),
             default=str,
@@ -186,7 +188,7 @@ def _claim(
             created_at=utcnow(),
             expires_at=expires_at,
         )
-        .on_conflict_do_nothing(index_elements=[IdempotencyKey.actor, IdempotencyKey.key])
+        .on_conflict_do_nothing(index_elements=[IdempotencyKey.key])
         .returning(IdempotencyKey.id)
     ).scalar_one_or_none()
 
@@ -194,7 +196,7 @@ def _claim(
 def _row(session: Session, request: KeyedRequest) -> IdempotencyKey | None:
     return session.scalars(
         select(IdempotencyKey)
-        .where(IdempotencyKey.actor == request.actor, IdempotencyKey.key == request.key)
+        .where(IdempotencyKey.key == request.key)
         .execution_options(populate_existing=True)
     ).one_or_none()
 

@@ -730,12 +730,13 @@ class IdempotencyKey(Base):
 
     Written in the change's own transaction, so a key row exists exactly when
     its change committed; a retry under the same key finds it and replays the
-    receipt. ``(actor, key)`` is unique: of two concurrent retries, one
-    inserts and acts, the other waits for it and replays."""
+    receipt. ``key`` is unique: of two concurrent retries, one inserts and
+    acts, the other waits for it and replays; the key belongs to one actor
+    and one target, and any other request under it is refused."""
 
     __tablename__ = "idempotency_keys"
     __table_args__ = (
-        UniqueConstraint("actor", "key"),
+        UniqueConstraint("key"),
         Index("ix_idempotency_keys_expires_at", "expires_at"),
     )
 

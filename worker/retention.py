@@ -1,5 +1,6 @@
 """PRUNE, which beat sends every ``retention_interval_seconds``: the inbox's
-retention policy (``models.retention``), on the operator queue.
+retention policy (``models.retention``), on the operator queue, and the
+Idempotency-Keys past their window (``models.idempotency``).
 
 One run prunes for at most half the task time limit, batch by batch, and
 sends PRUNE again when rows are left (a first run over a large inbox), so it
@@ -17,6 +18,7 @@ from celery import shared_task
 from models.broker.messages import PRUNE
 from models.broker.versions import notice_unknown
 from models.db import session_scope
+from models.idempotency import prune_expired
 from models.retention import Policy, prune
 from worker import runtime
 
@@ -37,7 +39,10 @@ def prune_inbox(self, **unknown: Any) -> dict[str, Any]:
             policy=Policy.of(settings),
             budget_seconds=settings.task_time_limit_seconds * BUDGET_SHARE,
         )
-    if not pruned.finished:
+    with session_scope(runtime.sessions()) as session:
+        # A lookup already ignores an expired key; this keeps the table small.
+        keys = prune_expired(session=session, limit=settings.retention_batch)
+    if not pruned.finished or keys == settings.retention_batch:
         self.app.send_task(PRUNE)
     if pruned.batches:
         log.info(
@@ -59,4 +64,5 @@ def prune_inbox(self, **unknown: Any) -> dict[str, Any]:
         "seconds": pruned.seconds,
         "busy_seconds": pruned.busy_seconds,
         "finished": pruned.finished,
+        "idempotency_keys": keys,
     }

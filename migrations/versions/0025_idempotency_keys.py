@@ -8,7 +8,7 @@ Create Date: 2026-12-07
 a release, an archive, a delete, a merge or another change (models/
 idempotency.py): who sent it, a fingerprint of the request, and the receipt
 -- the committed event where the change appended one, else its status and
-answer. Unique on ``(actor, key)``; rows expire after
+answer. Unique on ``key`` (the key is one actor's, for one target); rows expire after
 ``TASKHOOK_IDEMPOTENCY_WINDOW_HOURS`` and retention deletes them.
 See docs/contract.md, "Retries of everything that is not a create".
 
@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_idempotency_keys"),
-        sa.UniqueConstraint("actor", "key", name="uniq_idempotency_keys_actor_key"),
+        sa.UniqueConstraint("key", name="uniq_idempotency_keys_key"),
     )
     op.create_index("ix_idempotency_keys_expires_at", "idempotency_keys", ["expires_at"])
 
