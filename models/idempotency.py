@@ -213,6 +213,19 @@ def _receipt_of(session: Session, row: IdempotencyKey) -> Receipt:
     )
 
 
+def receipt_under_key(
+    *, session: Session, key: str, now: datetime | None = None
+) -> tuple[IdempotencyKey, Receipt] | None:
+    """The key's row and its receipt, while the key is in its window; None
+    otherwise. For a surface that decides before it sends (the CLI's
+    release, which asks the operator worker): the caller compares the
+    row's ``actor`` and ``target`` with its own."""
+    row = _row(session, KeyedRequest(actor="", key=key, action="", target=""))
+    if row is None or row.expires_at <= (now or utcnow()) or row.status is None:
+        return None
+    return row, _receipt_of(session, row)
+
+
 def latest_event(session: Session, *, task_id: int, type: str) -> TaskEvent | None:
     """The task's newest event of ``type``: inside the change's transaction,
     the one the change just appended (its row lock keeps out another)."""

@@ -68,6 +68,11 @@ def token_actor(token_id: int) -> str:
     return f"token:{token_id}"
 
 
+def cli_actor(operator: str) -> str:
+    """The actor of an operator's CLI commands (the name they run under)."""
+    return f"cli:{operator}"
+
+
 def _once(session: Session, retry: Retry | None, request: KeyedRequest, change) -> Receipt:
     if retry is None or retry.key is None:
         return change()
@@ -149,6 +154,11 @@ def delete(
     return receipt
 
 
+def release_target(workspace_id: int, normalized_external_id: str | None) -> str:
+    """A release's target, one spelling per identity."""
+    return f"identity {workspace_id}/{normalized_external_id}"
+
+
 def release(
     *,
     session: Session,
@@ -178,12 +188,16 @@ def release(
             expected_task_id=expected_task_id,
         )
         event = latest_event(session, task_id=audit.task_id, type=EventType.IDENTITY_RELEASED)
-        return Receipt(status=204, workspace_id=workspace_id, task_id=audit.task_id, event=event)
+        # The audit row, for the surfaces that answer with it (the CLI's worker).
+        answer = {"audit_id": audit.id}
+        return Receipt(
+            status=204, workspace_id=workspace_id, task_id=audit.task_id, event=event, answer=answer
+        )
 
     request = _keyed(
         retry,
         RELEASE,
-        f"identity {workspace_id}/{normalized}",
+        release_target(workspace_id, normalized),
         {"reason": (reason or "").strip()},
         expected_task_id,
     )

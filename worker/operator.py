@@ -21,12 +21,20 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy.orm import Session
 
-from models.broker.messages import RELEASE_IDENTITY
+from models import retry_safe
+from models.access import Caller
+from models.broker.messages import IDEMPOTENCY_KEY_HEADER, RELEASE_IDENTITY
 from models.broker.versions import notice_unknown
 from models.db import session_scope
-from models.errors import HolderChanged, InvalidExternalId, InvalidRelease, TaskNotFound
-from models.tables import Task
-from models.tasks import release_external_id
+from models.errors import (
+    HolderChanged,
+    IdempotencyKeyReused,
+    InvalidExternalId,
+    InvalidIdempotencyKey,
+    InvalidRelease,
+    TaskNotFound,
+)
+from models.tables import IdentityRelease, Task
 from worker import runtime
 
 log = logging.getLogger(__name__)
@@ -48,8 +56,14 @@ def release_identity(
     operator: object,
     reason: object,
     expected_task_id: object = None,
+    idempotency_key: object = None,
 ) -> dict[str, Any]:
     """Release the identity and write its audit row, in the caller's unit of work.
+
+    With ``idempotency_key`` (the CLI sends one per run, and the one
+    ``--idempotency-key`` names), a message sent again -- the operator ran the
+    command again after it gave up waiting -- answers the first release, with
+    ``"replayed": true``, and releases nothing twice (docs/contract.md §16).
 
     Returns a JSON-able answer either way: ``{"released": true, ...}`` with the
     task and the audit row, or ``{"released": false, "error": ...}`` for a
@@ -68,15 +82,23 @@ def release_identity(
         if value is not None and not isinstance(value, str):
             return _refused(f"{name} must be text")
     try:
-        audit = release_external_id(
+        retry = retry_safe.Retry.of(retry_safe.cli_actor(operator or ""), idempotency_key)
+        receipt = retry_safe.release(
             session=session,
+            caller=Caller.trusted(operator or "operator"),
             workspace_id=workspace_id,
             external_id=external_id,
             operator=operator or "",
             reason=reason or "",
             expected_task_id=expected_task_id,
+            retry=retry,
         )
-    except (InvalidRelease, InvalidExternalId) as error:
+    except (
+        InvalidRelease,
+        InvalidExternalId,
+        InvalidIdempotencyKey,
+        IdempotencyKeyReused,
+    ) as error:
         return _refused(str(error))
     except HolderChanged as error:
         return _refused(
@@ -87,9 +109,18 @@ def release_identity(
         )
     except TaskNotFound:
         return _refused(f"no task in workspace {workspace_id} holds external id {external_id!r}")
+    return release_answer(session, receipt)
+
+
+def release_answer(session: Session, receipt: retry_safe.Receipt) -> dict[str, Any]:
+    """What a release answers, from its receipt: the audit row it wrote."""
+    audit = session.get(IdentityRelease, (receipt.answer or {}).get("audit_id"))
+    if audit is None:  # no audit row under the receipt: say what the key kept
+        return {"released": True, "replayed": receipt.replayed, "task_id": receipt.task_id}
     task = session.get(Task, audit.task_id)
     return {
         "released": True,
+        "replayed": receipt.replayed,
         "workspace_id": audit.workspace_id,
         "external_id": audit.external_id,
         "task_id": audit.task_id,
@@ -114,6 +145,7 @@ def release_by_message(
     operator: object,
     reason: object,
     expected_task_id: object = None,
+    idempotency_key: object = None,
 ) -> dict[str, Any]:
     """What the operator worker answers a RELEASE_IDENTITY message:
     :func:`release_identity`, guarded by the holder the sender showed.
@@ -138,6 +170,7 @@ def release_by_message(
         operator=operator,
         reason=reason,
         expected_task_id=expected_task_id,
+        idempotency_key=idempotency_key,
     )
 
 
@@ -149,13 +182,18 @@ def release_identity_task(
     operator: str,
     reason: str,
     expected_task_id: int | None = None,
+    idempotency_key: str | None = None,
     **unknown: Any,
 ) -> dict[str, Any]:
     """RELEASE_IDENTITY(workspace_id, external_id, operator, reason, expected_task_id)
-    on the operator queue. The fifth argument has a default only so that a
-    message an older CLI queued (four arguments) is answered with a refusal
+    on the operator queue, and the keyword ``idempotency_key`` (0.2.0; a
+    0.1.0 worker logs it as unknown and releases once per message, as before).
+    The fifth argument has a default only so that a message an older CLI
+    queued (four arguments) is answered with a refusal
     (:func:`release_by_message`), not a crash of the task."""
     notice_unknown(RELEASE_IDENTITY, unknown, self.request.headers)
+    if idempotency_key is None:
+        idempotency_key = _header(self.request, IDEMPOTENCY_KEY_HEADER)
     with session_scope(runtime.sessions()) as session:
         return release_by_message(
             session=session,
@@ -164,4 +202,11 @@ def release_identity_task(
             operator=operator,
             reason=reason,
             expected_task_id=expected_task_id,
+            idempotency_key=idempotency_key,
         )
+
+
+def _header(request: Any, name: str) -> Any:
+    """A custom header of the message: Celery keeps it in ``request.headers``
+    or, by protocol, as an attribute of the request."""
+    return (getattr(request, "headers", None) or {}).get(name) or getattr(request, name, None)

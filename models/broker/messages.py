@@ -34,6 +34,11 @@ PRUNE = "taskhook.prune"
 #: release_identity(workspace_id, external_id, operator, reason, expected_task_id) on the
 #: operator queue; a message without the expected holder is refused (worker.operator).
 RELEASE_IDENTITY = "taskhook.release_identity"
+#: The header of a RELEASE_IDENTITY message naming its Idempotency-Key: a
+#: header, which a 0.1.0 worker passes over, where an unknown keyword would
+#: fail it (docs/deploy.md, "Messages"). Its keyword ``idempotency_key`` is
+#: taken from 0.2.0 on, to be sent from the release after.
+IDEMPOTENCY_KEY_HEADER = "taskhook_idempotency_key"
 
 
 def message_groups(keys: Sequence[int], per_message: int, spread: int = 1) -> list[list[int]]:

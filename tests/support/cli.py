@@ -17,6 +17,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 
+from models.broker.messages import IDEMPOTENCY_KEY_HEADER
 from models.db import session_scope
 from tests.support.scenarios import EXTERNAL_ID
 from tests.support.stores import Store
@@ -101,13 +102,23 @@ class FakeApp:
     answer: Callable[..., Any] = lambda *args: None
     broker_down: bool = False
     sent: list[tuple[str, list[Any], str]] = field(default_factory=list)
+    #: The custom headers of each message sent (the Idempotency-Key's).
+    headers: list[dict[str, Any]] = field(default_factory=list)
     results: list[FakeResult] = field(default_factory=list)
 
-    def send_task(self, name: str, *, args: list[Any], queue: str) -> FakeResult:
+    def send_task(
+        self, name: str, *, args: list[Any], queue: str, headers: dict[str, Any] | None = None
+    ) -> FakeResult:
         if self.broker_down:
             raise ConnectionRefusedError("[Errno 111] Connection refused")
         self.sent.append((name, list(args), queue))
-        result = FakeResult(lambda: self.answer(*args))
+        self.headers.append(dict(headers or {}))
+        # The header reaches an answer that reads it, as the worker's task does.
+        key = (headers or {}).get(IDEMPOTENCY_KEY_HEADER)
+        reads_key = getattr(self.answer, "reads_idempotency_key", False)
+        result = FakeResult(
+            lambda: self.answer(*args, **({"idempotency_key": key} if reads_key else {}))
+        )
         self.results.append(result)
         return result
 
@@ -116,7 +127,9 @@ def operator_worker(store: Store) -> Callable[..., dict[str, Any]]:
     """What the operator task does with the message's arguments: the operator
     worker's own function, in one unit of work on the store."""
 
-    def release_identity_task(workspace_id, external_id, operator, reason, expected_task_id=None):
+    def release_identity_task(
+        workspace_id, external_id, operator, reason, expected_task_id=None, idempotency_key=None
+    ):
         with session_scope(store.sessions) as session:
             return release_by_message(
                 session=session,
@@ -125,8 +138,10 @@ def operator_worker(store: Store) -> Callable[..., dict[str, Any]]:
                 operator=operator,
                 reason=reason,
                 expected_task_id=expected_task_id,
+                idempotency_key=idempotency_key,
             )
 
+    release_identity_task.reads_idempotency_key = True
     return release_identity_task
 
 

@@ -8,6 +8,7 @@ import re
 import shlex
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
@@ -17,8 +18,11 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models import retry_safe
 from models.access import Caller
-from models.broker.messages import OPERATOR_QUEUE, RELEASE_IDENTITY
+from models.broker.messages import IDEMPOTENCY_KEY_HEADER, OPERATOR_QUEUE, RELEASE_IDENTITY
+from models.errors import IdempotencyKeyReused
+from models.idempotency import checked_key, receipt_under_key
 from models.inbox import DeliveryStatus
 from models.reports import (
     Lineage,
@@ -30,7 +34,7 @@ from models.reports import (
     timeline,
 )
 from models.tables import MAX_ROW_ID, Task, WorkflowStep, utcnow
-from models.tasks import MAX_RELEASE_REASON_LENGTH, archive_task, clean_release_text
+from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
 
 # The module itself, for the load_celery_app hook: looked up at call time, so
 # that replacing ``worker.cli.runtime.load_celery_app`` (as the tests do) takes effect here.
@@ -41,6 +45,7 @@ from worker.cli.output import echo, emit_json, format_when, json_option, print_f
 from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.prompts import confirmed
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
+from worker.operator import release_answer
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
 #: The CLI is the operator's own: it sees every workspace.
@@ -252,10 +257,20 @@ def _task_of(session: Session, given: str, workspace_slug: str | None) -> Task:
     default=None,
     help="Workspace slug: where to look TASK's identifier up [every workspace].",
 )
+@click.option(
+    "--idempotency-key",
+    default=None,
+    callback=checked_by(checked_key),
+    help="A key to retry this archive under: run again with it, it archives once.",
+)
 @json_option
 @pass_runtime
 def task_archive(
-    runtime: CommandRuntime, given: str, workspace_slug: str | None, as_json: bool
+    runtime: CommandRuntime,
+    given: str,
+    workspace_slug: str | None,
+    as_json: bool,
+    idempotency_key: str | None,
 ) -> None:
     """Archive TASK, by its identifier (ACME-12) or its id.
 
@@ -266,7 +281,12 @@ def task_archive(
     with runtime.session() as session:
         found = _task_of(session, given, workspace_slug)
         was_archived = found.archived_at is not None
-        archived = archive_task(session=session, caller=OPERATOR, task_id=found.id)
+        archived, _receipt = retry_safe.archive(
+            session=session,
+            caller=OPERATOR,
+            task_id=found.id,
+            retry=retry_safe.Retry.of(retry_safe.cli_actor(OPERATOR.name), idempotency_key),
+        )
         step = session.get(WorkflowStep, archived.step_id)
         done = {
             "id": archived.id,
@@ -466,6 +486,13 @@ _reason = functools.partial(
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option(
+    "--idempotency-key",
+    default=None,
+    callback=checked_by(checked_key),
+    help="The key of an earlier run to finish: its release is answered, not made again "
+    "[a new key per run, printed when no answer comes].",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_RELEASE_TIMEOUT_SECONDS,
@@ -483,14 +510,22 @@ def release(
     yes: bool,
     timeout: float,
     as_json: bool,
+    idempotency_key: str | None,
 ) -> None:
     """Free EXTERNAL_ID from its task, through the operator worker, audited.
 
     The one unsafe command: afterwards the next delivery for the item creates
     a new task. Read docs/runbook.md first. Only the task shown is released: if
     another task holds EXTERNAL_ID by the time the request runs, nothing is.
+    Each run sends a key of its own; a run that got no answer prints it, and
+    running again with --idempotency-key KEY answers what that run did.
     """
     found = _lineage(runtime, workspace_slug, external_id)
+    if idempotency_key is not None and _answered_before(
+        runtime, found, operator, idempotency_key, as_json
+    ):
+        return
+    key = idempotency_key or uuid.uuid4().hex
     holder = found.holder
     if holder is None:
         raise _nobody_holds(found)
@@ -518,14 +553,14 @@ def release(
     # it only if it still holds the identity (docs/contract.md, "Release").
     args = [found.workspace_id, found.external_id, operator, reason, holder.id]
     deadline = time.monotonic() + timeout
-    pending = _send_release(runtime, args, within=timeout)
+    pending = _send_release(runtime, args, within=timeout, key=key)
     answered, reply = _await_answer(pending, max(deadline - time.monotonic(), 0.001))
     if not answered:
         raise NoAnswer(
             f"the operator worker did not answer within {timeout:g}s: is taskhook's operator "
             f"worker running (celery -A worker worker -Q {OPERATOR_QUEUE})? The request stays "
-            "queued and may still run when one starts: check `taskhook task lookup` before "
-            "sending it again."
+            "queued and may still run when one starts: run the same command again with "
+            f"--idempotency-key {key}, which answers what it did and never releases twice."
         )
     if not isinstance(reply, dict):
         raise Refused(f"the operator worker answered something unexpected: {reply!r}")
@@ -551,7 +586,33 @@ def release(
         echo(f"Parked delivery {pk} can go through again: taskhook deliveries replay {pk}")
 
 
-def _send_release(runtime: CommandRuntime, args: list[Any], *, within: float) -> Any:
+def _answered_before(
+    runtime: CommandRuntime, found: Lineage, operator: str, key: str, as_json: bool
+) -> bool:
+    """When ``key`` already released this identity (an earlier run whose
+    answer was lost), say what that release did and return True. Refused when
+    the key was another request's."""
+    with runtime.session() as session:
+        under_key = receipt_under_key(session=session, key=key)
+        if under_key is None:
+            return False
+        row, receipt = under_key
+        target = retry_safe.release_target(found.workspace_id, found.external_id)
+        if (row.actor, row.target) != (retry_safe.cli_actor(operator), target):
+            raise Refused(str(IdempotencyKeyReused(key)))
+        reply = release_answer(session, receipt)
+    if as_json:
+        emit_json(reply | {"workspace": found.workspace})
+        return True
+    echo(
+        f"Released already under this key: {reply.get('external_id', found.external_id)!r} "
+        f"from {reply.get('identifier')} (task {reply.get('task_id')}); audit row "
+        f"{reply.get('audit_id')}, operator {reply.get('operator', operator)}. Nothing was sent."
+    )
+    return True
+
+
+def _send_release(runtime: CommandRuntime, args: list[Any], *, within: float, key: str) -> Any:
     """Send RELEASE_IDENTITY; the pending result, or a refusal when the broker
     is down or does not take the message within ``within`` seconds.
 
@@ -565,7 +626,13 @@ def _send_release(runtime: CommandRuntime, args: list[Any], *, within: float) ->
 
     def send() -> None:
         try:
-            sent["pending"] = app.send_task(RELEASE_IDENTITY, args=args, queue=OPERATOR_QUEUE)
+            # The key in a header: a 0.1.0 worker passes over it (docs/deploy.md).
+            sent["pending"] = app.send_task(
+                RELEASE_IDENTITY,
+                args=args,
+                queue=OPERATOR_QUEUE,
+                headers={IDEMPOTENCY_KEY_HEADER: key},
+            )
         except Exception as error:  # kombu's connection errors have no common base worth naming
             sent["error"] = error
 

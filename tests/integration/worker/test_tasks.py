@@ -23,6 +23,7 @@ from models.broker.messages import (
     BACKGROUND_QUEUE,
     CATCH_UP,
     DELIVERIES_QUEUE,
+    IDEMPOTENCY_KEY_HEADER,
     OPERATOR_QUEUE,
     PROCESS_DELIVERIES,
     PROCESS_DELIVERY,
@@ -358,6 +359,24 @@ def test_release_frees_the_identity_and_writes_the_audit_row(eager: Celery, stor
     (released,) = tasks_of(store.sessions, feed.workspace_id)
     assert (released.external_id, released.external_id_settled_at) == (None, None)
     assert delivery(store.sessions, pk).status == "done"  # the inbox is left alone
+
+
+def test_a_release_sent_twice_under_one_key_releases_once(eager: Celery, store: Store):
+    # The key rides in a header (a 0.1.0 worker passes over it; docs/deploy.md).
+    feed = make_feed(store.sessions)
+    pk = store_fixture(store.sessions, feed, "jira", "jira_issue_created__cloud")
+    eager.tasks[PROCESS_DELIVERY].apply(args=[pk]).get()
+    (task,) = tasks_of(store.sessions, feed.workspace_id)
+    args = [feed.workspace_id, "jira:TES-41", "alice", "abandoned import", task.id]
+    headers = {IDEMPOTENCY_KEY_HEADER: "k-release-1"}
+
+    first, again = (
+        eager.tasks[RELEASE_IDENTITY].apply(args=args, headers=headers).get() for _ in range(2)
+    )
+
+    assert (first["replayed"], again["replayed"]) == (False, True)
+    assert first["audit_id"] == again["audit_id"]
+    assert store.scalar("SELECT count(*) FROM identity_releases") == 1
 
 
 def test_a_queued_release_frees_only_the_holder_the_operator_saw(eager: Celery, store: Store):

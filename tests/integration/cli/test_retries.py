@@ -1,0 +1,127 @@
+"""The CLI's changes run again (docs/contract.md §16). ``taskhook release``:
+each run sends a key of its own in a header; a run that got no answer prints
+it, and the same command with ``--idempotency-key`` answers what that run did
+without releasing twice. The operator worker, sent one message twice under
+one key, releases once. ``taskhook task archive --idempotency-key``: a key of
+another request is refused."""
+
+from __future__ import annotations
+
+import re
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from models.broker.messages import IDEMPOTENCY_KEY_HEADER
+from models.db import session_scope
+from models.tasks import NewTask, create_task
+from tests.support.cli import RELEASE, held_by, operator_worker, refused, taskhook
+from tests.support.scenarios import EXTERNAL_ID, an_unfinished_create
+from tests.support.stores import TRUSTED, Store
+from worker.cli import EXIT_NO_ANSWER
+from worker.operator import release_by_message
+
+RELEASED = "SELECT count(*) FROM task_events WHERE type = 'task.identity_released'"
+
+
+def test_each_run_sends_a_key_of_its_own(store: Store, celery):
+    an_unfinished_create(store)
+    celery.answer = lambda *args: {"released": False, "error": "task not found"}
+    for _ in range(2):
+        refused(taskhook(store, *RELEASE, "--reason", "r", "--yes"))
+    keys = [headers[IDEMPOTENCY_KEY_HEADER] for headers in celery.headers]
+    assert len(set(keys)) == 2 and all(re.fullmatch("[0-9a-f]{32}", key) for key in keys)
+
+
+def test_a_run_whose_answer_was_lost_is_finished_by_the_same_command_and_key(store: Store, celery):
+    an_unfinished_create(store)
+    worker = operator_worker(store)
+
+    def released_but_the_answer_was_lost(*args, **kwargs):
+        worker(*args, **kwargs)
+        raise CeleryTimeout("The operation timed out.")
+
+    released_but_the_answer_was_lost.reads_idempotency_key = True
+    celery.answer = released_but_the_answer_was_lost
+    args = (*RELEASE, "--reason", "worker died", "--operator", "alice", "--yes")
+    line = refused(taskhook(store, *args, "--timeout", "0.5"), EXIT_NO_ANSWER)
+    key = re.search(r"--idempotency-key ([0-9a-f]{32})", line).group(1)
+    assert held_by(store) is None  # the worker did release it
+
+    again = taskhook(store, *args, "--idempotency-key", key)
+
+    assert again.exit_code == 0, again.output
+    assert "Released already under this key" in again.stdout
+    assert f"{EXTERNAL_ID!r} from ACME-1" in again.stdout
+    assert len(celery.sent) == 1  # nothing sent the second time
+    assert store.scalar(RELEASED) == 1
+    assert store.scalar("SELECT count(*) FROM identity_releases") == 1
+
+
+def test_a_key_of_another_release_is_refused(store: Store, celery):
+    an_unfinished_create(store)
+    celery.answer = operator_worker(store)
+    args = (*RELEASE, "--reason", "r", "--operator", "alice", "--yes")
+    assert taskhook(store, *args, "--idempotency-key", "k-1").exit_code == 0
+    # Another operator's run under that key: another request.
+    line = refused(
+        taskhook(
+            store,
+            *RELEASE,
+            "--reason",
+            "r",
+            "--operator",
+            "bob",
+            "--yes",
+            "--idempotency-key",
+            "k-1",
+        )
+    )
+    assert "was first sent with a different request" in line
+
+
+def test_a_key_no_row_can_keep_is_a_usage_error(store: Store, celery):
+    an_unfinished_create(store)
+    result = taskhook(store, *RELEASE, "--reason", "r", "--yes", "--idempotency-key", "a b")
+    assert result.exit_code == 2
+    assert "Idempotency-Key must be visible ASCII" in result.stderr
+    assert celery.sent == []
+
+
+def test_the_worker_releases_once_for_one_message_sent_twice(store: Store):
+    workspace_id, task_id, _, _ = an_unfinished_create(store)
+    answers = []
+    for _ in range(2):
+        with session_scope(store.sessions) as session:
+            answers.append(
+                release_by_message(
+                    session=session,
+                    workspace_id=workspace_id,
+                    external_id=EXTERNAL_ID,
+                    operator="alice",
+                    reason="worker died",
+                    expected_task_id=task_id,
+                    idempotency_key="k-2",
+                )
+            )
+    assert [answer["replayed"] for answer in answers] == [False, True]
+    assert answers[0] | {"replayed": True} == answers[1]
+    assert store.scalar(RELEASED) == 1
+
+
+def test_an_archive_key_is_one_tasks(store: Store):
+    acme = store.workspace()
+    with session_scope(store.sessions) as session:
+        for external_id in ("jira:A-1", "jira:A-2"):
+            create_task(
+                session=session,
+                caller=TRUSTED,
+                workspace_id=acme.id,
+                new=NewTask(title="Archive me", external_id=external_id),
+            )
+    first = taskhook(store, "task", "archive", "ACME-1", "--idempotency-key", "k-3")
+    again = taskhook(store, "task", "archive", "ACME-1", "--idempotency-key", "k-3")
+    assert (first.exit_code, again.exit_code) == (0, 0), again.output
+    line = refused(taskhook(store, "task", "archive", "ACME-2", "--idempotency-key", "k-3"))
+    assert "was first sent with a different request" in line
+    assert store.scalar("SELECT count(*) FROM tasks WHERE archived_at IS NOT NULL") == 1
+    assert store.scalar("SELECT count(*) FROM task_events WHERE type = 'task.archived'") == 1
