@@ -39,18 +39,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from ingest.console import auth
+from ingest.console import auth, retries
 from ingest.console.auth import PREFIX, Refused, User
 from ingest.console.body import SHOWN_CHARS, SHOWN_DEPTH, shown_body
 from ingest.rest import STATUS_OF_KIND, console_session_of
 from ingest.runtime import IngressRuntime
+from models import retry_safe
 from models.broker.lanes import Sender, lane_of
 from models.console_sessions import SignedIn
 from models.db import session_scope
 from models.display import format_age, format_when
 from models.errors import HolderChanged, NotReplayable, TaskStoreError
 from models.inbox import BULK_REPLAYABLE, REPLAYABLE, DeliveryStatus, replay
-from models.merges import list_merges, merge, unmerge
+from models.merges import get_merge, list_merges, merge, unmerge
 from models.operations import (
     DeliveryFilter,
     bulk_replay,
@@ -79,7 +80,6 @@ from models.reports import (
 )
 from models.sources import add_secret, get_source, retire_older_secrets
 from models.tables import Delivery, EventStream, Task, WebhookSource
-from models.tasks import release_external_id
 from models.tokens import list_tokens, revoke_token
 
 T = TypeVar("T")
@@ -163,6 +163,7 @@ def render(
         principal=user.principal if user else None,
         csrf=user.csrf_token if user else None,
         prefix=PREFIX,
+        new_key=retries.new_key,
         notice=NOTICES.get(request.query_params.get("done", "")),
         **context,
     )
@@ -705,6 +706,7 @@ async def release(request: Request, user: User) -> HTMLResponse:
         workspace = scope.by_slug(slug)
         if workspace is None:
             raise Refused(404, f"no workspace {slug!r}")
+        retry = retries.form_retry(request, user, form)
         if confirm != external_id:
             raise Refused(400, f"Type the external id ({external_id}) to confirm the release.")
         holder = task_named(session=session, workspace_slug=slug, identifier=expected)
@@ -714,13 +716,15 @@ async def release(request: Request, user: User) -> HTMLResponse:
                 f"Expected holder: no task {expected!r} in workspace {slug}; "
                 "give the identifier of the task you looked at (like ACME-12).",
             )
-        release_external_id(
+        retry_safe.release(
             session=session,
+            caller=user.principal.caller,
             workspace_id=workspace.id,
             external_id=external_id,
             operator=user.principal.name,
             reason=reason,
             expected_task_id=holder.id,
+            retry=retry,
         )
         return (
             f"Released {external_id}: {holder.identifier} stays, without it. "
@@ -778,9 +782,19 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
     confirm = str(form.get("confirm") or "").strip()
     reason = str(form.get("reason") or "")
 
-    def work(session: Session) -> str:
+    def visible_then_once(session: Session) -> str:
         if scope_of(session, user).by_slug(slug) is None:
             raise Refused(404, f"no workspace {slug!r}")
+        return retries.once(
+            session,
+            retries.form_retry(request, user, form),
+            action="task.merge",
+            target=f"task {into}",
+            body={"from": from_identifier, "reason": reason.strip()},
+            work=work,
+        )
+
+    def work(session: Session) -> str:
         if not into.isdigit():
             raise Refused(400, "The task to merge into is missing; look it up again.")
         if confirm != from_identifier:
@@ -812,7 +826,7 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
             f"{into_identifier} now, and {from_task.identifier} is archived."
         )
 
-    return await run_in_threadpool(_acted, request, user, slug, external_id, work)
+    return await run_in_threadpool(_acted, request, user, slug, external_id, visible_then_once)
 
 
 @router.post("/merges/{merge_id:int}/undo")
@@ -824,8 +838,19 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
     external_id = str(form.get("external_id") or "").strip()
     reason = str(form.get("reason") or "")
 
+    def visible_then_once(session: Session) -> str:
+        # Another workspace's merge answers as one that does not exist, replayed or not.
+        get_merge(session=session, caller=user.principal.caller, merge_id=merge_id)
+        return retries.once(
+            session,
+            retries.form_retry(request, user, form),
+            action="merge.undo",
+            target=f"merge {merge_id}",
+            body={"reason": reason.strip()},
+            work=work,
+        )
+
     def work(session: Session) -> str:
-        # Another workspace's merge answers as one that does not exist.
         undone = unmerge(
             session=session,
             caller=user.principal.caller,
@@ -839,7 +864,7 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
             f"{from_identifier}'s again."
         )
 
-    return await run_in_threadpool(_acted, request, user, slug, external_id, work)
+    return await run_in_threadpool(_acted, request, user, slug, external_id, visible_then_once)
 
 
 def _identifier(session: Session, task_id: int) -> str:

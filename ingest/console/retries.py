@@ -1,0 +1,66 @@
+"""A key per console form (docs/contract.md §16): every form the console
+renders carries a hidden ``idempotency_key`` of its own, so a form sent twice
+-- a double click, a browser resending a POST after a lost answer -- acts
+once and shows the first answer again.
+
+The actor is the session's token; the answer kept is the notice the action
+showed. What the caller may see is asked before the key is looked up, on a
+replay as on a first send (each action's ``visible``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+from starlette.datastructures import FormData
+from starlette.requests import Request
+
+from models import retry_safe
+from models.console_sessions import SignedIn
+from models.idempotency import KeyedRequest, Receipt, run_once
+
+#: The hidden field every form carries (templates/macros.html, csrf_field).
+FIELD = "idempotency_key"
+
+
+def new_key() -> str:
+    """A form's key, made when the page is rendered."""
+    return uuid.uuid4().hex
+
+
+def form_retry(request: Request, user: SignedIn, form: FormData) -> retry_safe.Retry:
+    """The form's key as a retry; raises ``InvalidIdempotencyKey`` for one no
+    row can keep. A form without one (an older page) acts without a key."""
+    hours = request.app.state.runtime.settings.idempotency_window_hours
+    return retry_safe.Retry.of(
+        retry_safe.token_actor(user.principal.token_id),
+        form.get(FIELD) or None,
+        window=timedelta(hours=hours),
+    )
+
+
+def once(
+    session: Session,
+    retry: retry_safe.Retry,
+    *,
+    action: str,
+    target: str,
+    body: Mapping[str, object],
+    work: Callable[[Session], str],
+) -> str:
+    """``work``'s notice, once per key: a form sent again gets the first notice."""
+    if retry.key is None:
+        return work(session)
+    request = KeyedRequest(
+        actor=retry.actor, key=retry.key, action=action, target=target, body=dict(body)
+    )
+    receipt = run_once(
+        session=session,
+        request=request,
+        change=lambda: Receipt(status=200, answer={"notice": work(session)}),
+        window=retry.window,
+    )
+    return str((receipt.answer or {}).get("notice", ""))
