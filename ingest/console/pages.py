@@ -558,11 +558,21 @@ async def replay_one(request: Request, user: User, delivery_id: int) -> Response
     auth.require_operator(user, "Replaying a delivery")
     consent = str(form.get("consent") or "")
 
-    def work(session: Session) -> None:
+    def visible_then_once(session: Session) -> bool:
         scope = scope_of(session, user)
         detail = show_delivery(session=session, delivery_pk=delivery_id)
         if scope.by_slug(detail.workspace) is None:
             raise Refused(404, f"delivery {delivery_id} not found")
+        return retries.once(
+            session,
+            retries.form_retry(request, user, form),
+            action="delivery.replay",
+            target=f"delivery {delivery_id}",
+            body={"consent": consent},
+            work=work,
+        )[1]
+
+    def work(session: Session) -> str:
         # As the CLI asks even a script: a replay that runs a resent body or
         # creates again a deleted task needs the box beside its warning ticked.
         plan = plan_replay(session=session, delivery_pk=delivery_id)
@@ -573,10 +583,13 @@ async def replay_one(request: Request, user: User, delivery_id: int) -> Response
                 "beside the warning to replay it anyway.",
             )
         replay(session=session, delivery_pk=delivery_id)
+        return "replayed"
 
-    await run_in_threadpool(read, request, work)
-    # Committed: only now may a worker see the message (store, commit, enqueue).
-    _runtime(request).relay.submit(delivery_id, lane_of(Sender.OPERATOR_REPLAY))
+    replayed = await run_in_threadpool(read, request, visible_then_once)
+    # Committed: only now may a worker see the message (store, commit, enqueue);
+    # a form sent again enqueued it the first time.
+    if not replayed:
+        _runtime(request).relay.submit(delivery_id, lane_of(Sender.OPERATOR_REPLAY))
     return _redirect(f"{PREFIX}/deliveries/{delivery_id}", "replayed")
 
 
@@ -792,7 +805,7 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
             target=f"task {into}",
             body={"from": from_identifier, "reason": reason.strip()},
             work=work,
-        )
+        )[0]
 
     def work(session: Session) -> str:
         if not into.isdigit():
@@ -848,7 +861,7 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
             target=f"merge {merge_id}",
             body={"reason": reason.strip()},
             work=work,
-        )
+        )[0]
 
     def work(session: Session) -> str:
         undone = unmerge(
@@ -908,15 +921,42 @@ def _visible_source(session: Session, user: SignedIn, slug: str):
 
 @router.post("/sources/{slug}/rotate-secret")
 async def rotate_secret(request: Request, user: User, slug: str) -> HTMLResponse:
-    await auth.checked_form(request, user)
+    form = await auth.checked_form(request, user)
     auth.require_operator(user, "Rotating a secret")
     secret = secrets.token_urlsafe(32)
 
     def work(session: Session):
         _visible_source(session, user, slug)
-        return add_secret(session=session, slug=slug, new_secret=secret)
+        added = []
+
+        def add(session: Session) -> str:
+            added.append(add_secret(session=session, slug=slug, new_secret=secret))
+            return "rotated"
+
+        retries.once(
+            session,
+            retries.form_retry(request, user, form),
+            action="source.rotate",
+            target=f"source {slug}",
+            body={},
+            work=add,
+        )
+        return added[0] if added else None
 
     source = await run_in_threadpool(read, request, work)
+    if source is None:
+        # The form was sent again: its secret was added and shown the first
+        # time, and is never shown twice; no second one was added.
+        return await run_in_threadpool(
+            partial(
+                _sources_page,
+                status=409,
+                error=f"This form rotated {slug}'s secret already and showed it then; "
+                "nothing changed. Rotate again for another secret.",
+            ),
+            request,
+            user,
+        )
     page = render(request, "secret.html", user, page="sources", source=source, secret=secret)
     # Shown once: no cache, no history entry a back button could bring back.
     page.headers["Cache-Control"] = "no-store"

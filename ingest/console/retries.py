@@ -50,10 +50,12 @@ def once(
     target: str,
     body: Mapping[str, object],
     work: Callable[[Session], str],
-) -> str:
-    """``work``'s notice, once per key: a form sent again gets the first notice."""
+) -> tuple[str, bool]:
+    """``work``'s notice, once per key, and whether this was a form sent
+    again (which gets the first notice, and must not repeat what followed
+    the commit -- a message enqueued, a secret shown)."""
     if retry.key is None:
-        return work(session)
+        return work(session), False
     request = KeyedRequest(
         actor=retry.actor, key=retry.key, action=action, target=target, body=dict(body)
     )
@@ -63,4 +65,4 @@ def once(
         change=lambda: Receipt(status=200, answer={"notice": work(session)}),
         window=retry.window,
     )
-    return str((receipt.answer or {}).get("notice", ""))
+    return str((receipt.answer or {}).get("notice", "")), receipt.replayed

@@ -22,8 +22,8 @@ def _task(console: Console, external_id: str) -> dict:
     return created.json()
 
 
-def _form_key(page: str, form_id: str) -> str:
-    form = page[page.index(f'id="{form_id}"') :]
+def _form_key(page: str, form_id: str, marker: str = "id") -> str:
+    form = page[page.index(f'{marker}="{form_id}"') :]
     return re.search(r'name="idempotency_key" value="([0-9a-f]{32})"', form).group(1)
 
 
@@ -109,3 +109,34 @@ def test_a_replay_through_a_workspace_no_longer_seen_answers_as_a_fresh_send(
     fresh = console.post("/console/tasks/release", csrf, **(form | {"idempotency_key": ""}))
     assert replay.status_code == fresh.status_code == 404
     assert "Released" not in replay.text
+
+
+def test_a_replay_form_sent_twice_replays_once(console: Console) -> None:
+    delivery = console.deliver()
+    console.kill(delivery)
+    csrf = console.sign_in("acme-operator")
+    page = console.client.get(f"/console/deliveries/{delivery}").text
+    key = _form_key(page, "replay")
+    path = f"/console/deliveries/{delivery}/replay"
+    first = console.post(path, csrf, idempotency_key=key)
+    again = console.post(path, csrf, idempotency_key=key)
+    assert (first.status_code, again.status_code) == (303, 303)
+    assert first.headers["location"] == again.headers["location"]
+    # Without the key, the same form is a second replay, refused: it is queued already.
+    assert console.post(path, csrf).status_code == 409
+    assert console.status_of(delivery) == "queued"
+
+
+def test_a_rotate_form_sent_twice_adds_one_secret_and_never_shows_it_again(
+    console: Console,
+) -> None:
+    csrf = console.sign_in("acme-operator")
+    key = _form_key(console.client.get("/console/sources").text, "rotate", "class")
+    secrets_before = console.store.scalar("SELECT count(*) FROM source_secrets")
+    path = "/console/sources/acme-github/rotate-secret"
+    first = console.post(path, csrf, idempotency_key=key)
+    again = console.post(path, csrf, idempotency_key=key)
+    secret = re.search(r'id="new-secret">([^<]+)<', first.text).group(1)
+    assert again.status_code == 409 and secret not in again.text
+    assert "secret already and showed it then" in again.text
+    assert console.store.scalar("SELECT count(*) FROM source_secrets") == secrets_before + 1
