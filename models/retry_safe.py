@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
+from models import merges
 from models.access import Caller
 from models.errors import TaskNotFound, WorkspaceNotAccessible
 from models.events import EventType
@@ -43,6 +44,7 @@ from models.tasks import (
     release_external_id,
 )
 
+MERGE = "task.merge"
 ARCHIVE = "task.archive"
 DELETE = "task.delete"
 RELEASE = "identity.release"
@@ -202,3 +204,52 @@ def release(
         expected_task_id,
     )
     return _once(session, retry, request, change)
+
+
+def merge_target(into_task_id: int) -> str:
+    """A merge's target: the task that keeps its names."""
+    return f"task {into_task_id}"
+
+
+def merge_request(
+    retry: Retry | None, into_task_id: int, from_task_id: int, reason: str
+) -> KeyedRequest:
+    """What makes two merges the same request."""
+    body = {"from": from_task_id, "reason": (reason or "").strip()}
+    return _keyed(retry, MERGE, merge_target(into_task_id), body, None)
+
+
+def merge(
+    *,
+    session: Session,
+    caller: Caller,
+    into_task_id: int,
+    from_task_id: int,
+    operator: str,
+    reason: str,
+    retry: Retry | None = None,
+) -> tuple[merges.MergeView, Receipt]:
+    """Merge (``models.merges.merge``) once per key. The merge as ``caller``
+    may see it now: a replay for a caller no longer scoped to the workspace
+    is :class:`MergeNotFound`, as a fresh look at it is."""
+
+    def change() -> Receipt:
+        done = merges.merge(
+            session=session,
+            caller=caller,
+            into_task_id=into_task_id,
+            from_task_id=from_task_id,
+            operator=operator,
+            reason=reason,
+        )
+        return Receipt(
+            status=200,
+            workspace_id=done.workspace_id,
+            task_id=into_task_id,
+            answer={"merge_id": done.id},
+        )
+
+    request = merge_request(retry, into_task_id, from_task_id, reason)
+    receipt = _once(session, retry, request, change)
+    merge_id = (receipt.answer or {}).get("merge_id")
+    return merges.get_merge(session=session, caller=caller, merge_id=merge_id), receipt

@@ -14,9 +14,20 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from models import retry_safe
 from models.access import Caller
+from models.errors import IdempotencyKeyReused
+from models.idempotency import KeyedRequest, checked_key, receipt_under_key
 from models.identities import NameView, list_names
-from models.merges import MergePlan, MergeSide, MergeView, list_merges, merge, plan_merge, unmerge
+from models.merges import (
+    MergePlan,
+    MergeSide,
+    MergeView,
+    get_merge,
+    list_merges,
+    plan_merge,
+    unmerge,
+)
 from models.reports import get_workspace
 from models.tables import Task
 from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
@@ -206,6 +217,13 @@ def _confirmed(question: str, *, err: bool) -> None:
     "--reason", required=True, callback=checked_by(_reason), help="Why; kept in the audit row."
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--idempotency-key",
+    default=None,
+    callback=checked_by(checked_key),
+    help="A key to retry this merge under: run again with it, it merges once and answers "
+    "that merge.",
+)
 @json_option
 @pass_runtime
 def identities_merge(
@@ -216,14 +234,27 @@ def identities_merge(
     reason: str,
     yes: bool,
     as_json: bool,
+    idempotency_key: str | None,
 ) -> None:
     """Merge task FROM's names into task INTO: one real item, two tasks.
 
     FROM's names become INTO's aliases, FROM gives up its external id and is
     archived (never deleted). Audited; undo with `taskhook identities unmerge`.
     """
+    retry = retry_safe.Retry.of(retry_safe.cli_actor(operator), idempotency_key)
     with runtime.session() as session:
         into_id, from_id = _task_id(session, into, "--into"), _task_id(session, from_, "--from")
+        # A run again under the key of a merge that committed: its answer, not a refusal
+        # (the task merged from answers to no name any more).
+        request = retry_safe.merge_request(retry, into_id, from_id, reason)
+        merged_before = _merged_under_key(session, retry, request)
+    if merged_before is not None:
+        if as_json:
+            emit_json(_merge_json(merged_before))
+            return
+        echo(f"Merged already under this key: merge {merged_before.id}. Nothing changed.")
+        return
+    with runtime.session() as session:
         plan = plan_merge(
             session=session, caller=OPERATOR, into_task_id=into_id, from_task_id=from_id
         )
@@ -233,13 +264,14 @@ def identities_merge(
     if not yes:
         _confirmed("Merge them?", err=as_json)
     with runtime.session() as session:
-        done = merge(
+        done, _receipt = retry_safe.merge(
             session=session,
             caller=OPERATOR,
             into_task_id=into_id,
             from_task_id=from_id,
             operator=operator,
             reason=reason,
+            retry=retry,
         )
     if as_json:
         emit_json(_merge_json(done))
@@ -247,6 +279,24 @@ def identities_merge(
     echo(
         f"Merged {plan.from_.identifier} into {plan.into.identifier}: merge {done.id}, "
         f"operator {done.operator}. Undo: taskhook identities unmerge {done.id} --reason TEXT"
+    )
+
+
+def _merged_under_key(
+    session: Session, retry: retry_safe.Retry, request: KeyedRequest
+) -> MergeView | None:
+    """The merge an earlier run made under the key, or None; refused when the
+    key was another request's."""
+    if retry.key is None:
+        return None
+    under_key = receipt_under_key(session=session, key=retry.key)
+    if under_key is None:
+        return None
+    row, receipt = under_key
+    if row.fingerprint != request.fingerprint():
+        raise Refused(str(IdempotencyKeyReused(retry.key)))
+    return get_merge(
+        session=session, caller=OPERATOR, merge_id=(receipt.answer or {}).get("merge_id")
     )
 
 

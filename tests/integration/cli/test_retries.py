@@ -125,3 +125,35 @@ def test_an_archive_key_is_one_tasks(store: Store):
     assert "was first sent with a different request" in line
     assert store.scalar("SELECT count(*) FROM tasks WHERE archived_at IS NOT NULL") == 1
     assert store.scalar("SELECT count(*) FROM task_events WHERE type = 'task.archived'") == 1
+
+
+def test_a_merge_run_again_under_its_key_answers_that_merge(store: Store):
+    acme = store.workspace()
+    with session_scope(store.sessions) as session:
+        for external_id in ("jira:OPS-7", "jira:OPS2-7", "jira:OPS3-7"):
+            create_task(
+                session=session,
+                caller=TRUSTED,
+                workspace_id=acme.id,
+                new=NewTask(title="One item", external_id=external_id),
+            )
+    merge = ("identities", "merge", "--into", "ACME-1", "--operator", "ana", "--yes")
+    keyed = ("--reason", "site migration", "--idempotency-key", "k-merge-1")
+    first = taskhook(store, *merge, "--from", "ACME-2", *keyed)
+    again = taskhook(store, *merge, "--from", "ACME-2", *keyed)
+    assert first.exit_code == 0, first.output
+    assert again.exit_code == 0, again.output
+    assert again.stdout.strip() == "Merged already under this key: merge 1. Nothing changed."
+    assert store.scalar("SELECT count(*) FROM identity_merges") == 1
+    # Another reason under the key: another request.
+    line = refused(
+        taskhook(
+            store, *merge, "--from", "ACME-2", "--reason", "other", "--idempotency-key", "k-merge-1"
+        )
+    )
+    assert "was first sent with a different request" in line
+    # The same key for another merge into another task: refused, nothing merged.
+    other = ("identities", "merge", "--into", "ACME-3", "--from", "ACME-1", "--operator", "ana")
+    line = refused(taskhook(store, *other, "--yes", *keyed))
+    assert "was first sent with a different request" in line
+    assert store.scalar("SELECT count(*) FROM identity_merges") == 1
