@@ -18,7 +18,7 @@ from models.db import session_scope
 from models.inbox import DeliveryStatus
 from models.retention import Policy, prune
 from models.settings import Settings
-from models.tables import Delivery, utcnow
+from models.tables import Delivery, IdempotencyKey, utcnow
 from tests.support.feeds import delivery, make_feed, store_fixture, tasks_of
 from tests.support.runs import run
 from tests.support.stores import Store
@@ -128,3 +128,22 @@ def test_a_dropped_body_put_back_in_the_queue_ends_dead_saying_why(store: Store)
     assert processed.path == "general"  # the fast path has no draft to create from
     assert tasks_of(store.sessions, feed.workspace_id) == []
     assert delivery(store.sessions, pk).status == "dead"
+
+
+def test_prune_deletes_idempotency_keys_past_their_window(eager: Celery, store: Store):
+    now = utcnow()
+    with session_scope(store.sessions) as session:
+        for key, expires_at in (("old", now - DAYS), ("live", now + DAYS)):
+            session.add(
+                IdempotencyKey(
+                    actor="token:1",
+                    key=key,
+                    fingerprint="0" * 64,
+                    target="task 1",
+                    status=204,
+                    expires_at=expires_at,
+                )
+            )
+    done = eager.tasks[PRUNE].apply().get()
+    assert done["idempotency_keys"] == 1
+    assert store.scalar("SELECT key FROM idempotency_keys") == "live"
