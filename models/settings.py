@@ -67,7 +67,8 @@ BROKER_SCHEMES = ("filesystem", "redis", "rediss", "amqp", "amqps", "pyamqp", "m
 
 #: ``TASKHOOK_`` variables that are not settings yet mean something: the
 #: Procfile's beat schedule, the CLI's MCP token, scripts/lib.sh's virtualenv,
-#: the worker's fail points (tests), and the test suite's own switches. Every
+#: the worker's fail points (tests), the migration lint's squawk, and the test
+#: suite's own switches. Every
 #: other unknown name is warned about (:func:`unknown_variables`).
 OTHER_VARIABLES = frozenset(
     {
@@ -78,6 +79,8 @@ OTHER_VARIABLES = frozenset(
         "TASKHOOK_CONSOLE_SCREENSHOTS",
         "TASKHOOK_HOSTS_SOAK",
         "TASKHOOK_UPGRADE_SOAK",
+        "TASKHOOK_FULL_MIGRATION_TEST",
+        "TASKHOOK_SQUAWK",
     }
 )
 #: Prefixes of the test suite's and the benchmarks' variables.
