@@ -17,6 +17,7 @@ import anyio
 import psycopg
 from psycopg.types.json import Json
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from ingest.group_commit import GroupCommitInbox
@@ -24,7 +25,7 @@ from ingest.limits import StreamSlots
 from ingest.metrics import IngressMetrics
 from ingest.relay import Relay
 from models.broker.lanes import FloodGate
-from models.db import session_scope
+from models.db import driver_options, session_scope
 from models.inbox import (
     InboxStep,
     IncomingDelivery,
@@ -223,8 +224,17 @@ class AsyncInbox:
     (docs/performance.md). Writes the same row as ``record_delivery``.
     """
 
-    def __init__(self, conninfo: str, *, size: int = 10, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        size: int = 10,
+        connect_timeout: float = 5.0,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
         self._conninfo, self._size, self._timeout = conninfo, size, connect_timeout
+        #: psycopg's options for the settings (``models.db.driver_options``).
+        self._options = dict(options or {})
         self._idle: list[psycopg.AsyncConnection] = []
         self._open = 0
         self._slots = asyncio.Semaphore(size)
@@ -239,7 +249,7 @@ class AsyncInbox:
         self._open += 1
         try:
             return await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=self._timeout
+                self._conninfo, autocommit=True, connect_timeout=self._timeout, **self._options
             )
         except BaseException:
             self._open -= 1
@@ -303,7 +313,12 @@ def postgres_conninfo(runtime: IngressRuntime) -> str | None:
     url = runtime.sessions.kw["bind"].url
     if url.get_backend_name() != "postgresql":
         return None
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return libpq_conninfo(url)
+
+
+def libpq_conninfo(url: str | URL) -> str:
+    """libpq's connection string for a SQLAlchemy PostgreSQL URL."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @contextlib.asynccontextmanager
@@ -318,7 +333,7 @@ async def inbox_opened(runtime: IngressRuntime) -> AsyncIterator[None]:
             runtime, on_commit=runtime.metrics.deliveries_per_commit.observe
         )
     else:
-        runtime.inbox = AsyncInbox(conninfo)
+        runtime.inbox = AsyncInbox(conninfo, options=driver_options(runtime.settings))
     try:
         yield
     finally:

@@ -53,6 +53,9 @@ def make_engine(
     options.setdefault("hide_parameters", True)
     if parsed.get_backend_name() != "sqlite":
         options.setdefault("pool_pre_ping", True)
+        connect_args = {**driver_options(settings or _DEFAULTS), **options.get("connect_args", {})}
+        if connect_args:
+            options["connect_args"] = connect_args
         return create_engine(url, **options)
 
     settings = settings or _DEFAULTS
@@ -93,6 +96,20 @@ def make_engine(
             cursor.connection.take_writer_lock_before(statement)
 
     return engine
+
+
+def driver_options(settings: Settings) -> dict[str, object]:
+    """psycopg's connection options for the settings' database.
+
+    Behind a pooler in transaction mode (``database_pooler``), no prepared
+    statements: psycopg prepares a query on the server session the sixth time
+    a connection runs it, and the pooler gives the next transaction another
+    session, which knows no such name ("prepared statement "_pg3_0" does not
+    exist") or knows another client's under it. PostgreSQL plans each
+    statement instead, as it does for the first five."""
+    if settings.database_pooler != "none":
+        return {"prepare_threshold": None}
+    return {}
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
