@@ -63,6 +63,7 @@ class PgBouncer:
         self, server_url: str, *, pool_size: int = 10, users: tuple[str, ...] = ()
     ) -> None:
         server = make_url(server_url)
+        self.server = (server.host or "127.0.0.1", server.port or 5432)
         self.user = server.username or "postgres"
         self.port = _free_port()
         self.folder = Path(tempfile.mkdtemp(prefix="taskhook-pgbouncer-"))
@@ -72,7 +73,7 @@ class PgBouncer:
         (self.folder / "pgbouncer.ini").write_text(
             "[databases]\n"
             # Any database, as the client's user: the suite's throwaway one too.
-            f"* = host={server.host or '127.0.0.1'} port={server.port or 5432}\n"
+            f"* = host={self.server[0]} port={self.server[1]}\n"
             "[pgbouncer]\n"
             "listen_addr = 127.0.0.1\n"
             f"listen_port = {self.port}\n"
@@ -137,6 +138,14 @@ class PgBouncer:
             columns = [column.name for column in cursor.description]
             return {int(row[columns.index("local_port")]) for row in cursor.fetchall()}
 
+    def serves(self, url: str) -> bool:
+        """Whether ``url`` is a database of the server this PgBouncer is in front of
+        (not, say, a private PostgreSQL a reliability scenario started)."""
+        parsed = make_url(url)
+        if parsed.get_backend_name() != "postgresql":
+            return False
+        return (parsed.host or "127.0.0.1", parsed.port or 5432) == self.server
+
     def url(self, direct_url: str) -> str:
         """``direct_url`` (a PostgreSQL URL), reached through this PgBouncer."""
         return (
@@ -191,7 +200,7 @@ def routed_through(bouncer: PgBouncer | None) -> Iterator[None]:
 
 def database_environment(database_url: str) -> dict[str, str]:
     """A process's database variables: ``database_url`` itself, or, while
-    routed through a PgBouncer, that PgBouncer's URL for a PostgreSQL one."""
-    if _route is None or make_url(database_url).get_backend_name() != "postgresql":
+    routed through a PgBouncer, that PgBouncer's URL for one of its server's."""
+    if _route is None or not _route.serves(database_url):
         return {"TASKHOOK_DATABASE_URL": database_url}
     return _route.environment(database_url)
