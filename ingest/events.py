@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Protocol
@@ -43,10 +44,12 @@ from ingest.rest import (
     in_session,
     require_access,
 )
-from ingest.runtime import IngressRuntime, postgres_conninfo
+from ingest.runtime import IngressRuntime, libpq_conninfo, postgres_conninfo
 from models.db import session_scope
 from models.events import events_after, stream_position
 from models.tables import TaskEvent
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(
     prefix="/api/v1", tags=["events"], responses=error_responses(400, 401, 404, 429, 503)
@@ -352,13 +355,27 @@ class _Alarm:
 @contextlib.asynccontextmanager
 async def listening(runtime: IngressRuntime) -> AsyncIterator[None]:
     """On PostgreSQL (unless ``stream_listener`` is off), the process's event
-    listener for the app's lifespan; elsewhere, nothing: streams poll."""
-    conninfo = postgres_conninfo(runtime)
-    if conninfo is None or not runtime.settings.stream_listener:
+    listener for the app's lifespan; elsewhere, nothing: streams poll.
+
+    The listener connects to PostgreSQL itself (``Settings.listener_url``):
+    a LISTEN belongs to a server session, which a pooler in transaction mode
+    hands to other clients between transactions; behind one with no direct
+    URL there is no listener, and streams poll."""
+    if postgres_conninfo(runtime) is None or not runtime.settings.stream_listener:
+        yield
+        return
+    url = runtime.settings.listener_url()
+    if url is None:
+        log.warning(
+            "TASKHOOK_DATABASE_POOLER=%s and no TASKHOOK_DATABASE_DIRECT_URL: no "
+            "LISTEN/NOTIFY listener; event streams poll every %s s",
+            runtime.settings.database_pooler,
+            runtime.settings.stream_poll_seconds,
+        )
         yield
         return
     listener = EventListener(
-        conninfo,
+        libpq_conninfo(url),
         read=lambda *args: runtime.in_store_thread(_read_events, runtime, *args),
         last_position=lambda workspace_id: runtime.in_store_thread(
             _last_position, runtime, workspace_id

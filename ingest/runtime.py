@@ -25,7 +25,7 @@ from ingest.metrics import IngressMetrics
 from ingest.refusals import Refusals
 from ingest.relay import Relay
 from models.broker.lanes import FloodGate
-from models.db import libpq_conninfo, session_scope
+from models.db import driver_options, libpq_conninfo, session_scope
 from models.inbox import (
     InboxStep,
     IncomingDelivery,
@@ -226,8 +226,17 @@ class AsyncInbox:
     (docs/performance.md). Writes the same row as ``record_delivery``.
     """
 
-    def __init__(self, conninfo: str, *, size: int = 10, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        size: int = 10,
+        connect_timeout: float = 5.0,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
         self._conninfo, self._size, self._timeout = conninfo, size, connect_timeout
+        #: psycopg's options for the settings (``models.db.driver_options``).
+        self._options = dict(options or {})
         self._idle: list[psycopg.AsyncConnection] = []
         self._open = 0
         self._slots = asyncio.Semaphore(size)
@@ -242,7 +251,7 @@ class AsyncInbox:
         self._open += 1
         try:
             return await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=self._timeout
+                self._conninfo, autocommit=True, connect_timeout=self._timeout, **self._options
             )
         except BaseException:
             self._open -= 1
@@ -321,7 +330,7 @@ async def inbox_opened(runtime: IngressRuntime) -> AsyncIterator[None]:
             runtime, on_commit=runtime.metrics.deliveries_per_commit.observe
         )
     else:
-        runtime.inbox = AsyncInbox(conninfo)
+        runtime.inbox = AsyncInbox(conninfo, options=driver_options(runtime.settings))
     try:
         yield
     finally:

@@ -66,7 +66,8 @@ def run_migrations_online() -> None:
     if given is not None:
         _configure_and_run(given)
         return
-    engine = make_engine(Settings().database_url)
+    settings = Settings()
+    engine = make_engine(settings.database_url, settings=settings)
     try:
         with engine.connect() as connection:
             _configure_and_run(connection)

@@ -58,6 +58,9 @@ def make_engine(
     options.setdefault("hide_parameters", True)
     if parsed.get_backend_name() != "sqlite":
         options.setdefault("pool_pre_ping", True)
+        connect_args = {**driver_options(settings or _DEFAULTS), **options.get("connect_args", {})}
+        if connect_args:
+            options["connect_args"] = connect_args
         # Looked up at the call, not imported: the SQLAlchemy instrumentation
         # (models.tracing) traces engines by wrapping sqlalchemy.create_engine.
         return sqlalchemy.create_engine(url, **options)
@@ -114,6 +117,20 @@ def libpq_conninfo(url: str | URL) -> str:
     return psycopg.conninfo.make_conninfo(
         **{key: value for key, value in options.items() if isinstance(value, str | int)}
     )
+
+
+def driver_options(settings: Settings) -> dict[str, object]:
+    """psycopg's connection options for the settings' database.
+
+    Behind a pooler in transaction mode (``database_pooler``), no prepared
+    statements: psycopg prepares a query on the server session the sixth time
+    a connection runs it, and the pooler gives the next transaction another
+    session, which knows no such name ("prepared statement "_pg3_0" does not
+    exist") or knows another client's under it. PostgreSQL plans each
+    statement instead, as it does for the first five."""
+    if settings.database_pooler != "none":
+        return {"prepare_threshold": None}
+    return {}
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -95,6 +95,22 @@ class Settings(BaseSettings):
         default="sqlite:///./var/taskhook.db",
         description="SQLAlchemy URL of the task store: sqlite:///... or postgresql+psycopg://...",
     )
+    database_pooler: Literal["none", "pgbouncer"] = Field(
+        default="none",
+        description="What stands between taskhook and PostgreSQL. pgbouncer: a PgBouncer in "
+        "transaction mode (or any pooler that hands a server connection to another client "
+        "between transactions), so taskhook keeps no state in a server session: no prepared "
+        "statements, no statement_timeout startup option (set the role's default instead), "
+        "and the LISTEN/NOTIFY listener on TASKHOOK_DATABASE_DIRECT_URL (docs/deploy.md, "
+        '"Behind PgBouncer").',
+    )
+    database_direct_url: str | None = Field(
+        default=None,
+        description="A URL that reaches PostgreSQL itself, not through the pooler: the "
+        "event streams' LISTEN/NOTIFY listener connects there, since a LISTEN lives in a "
+        "server session. Unset: TASKHOOK_DATABASE_URL, or, with TASKHOOK_DATABASE_POOLER="
+        "pgbouncer, no listener (streams poll every TASKHOOK_STREAM_POLL_SECONDS).",
+    )
     sqlite_busy_timeout_ms: int = Field(
         default=5000, ge=0, description="How long a SQLite writer waits for the lock."
     )
@@ -493,6 +509,32 @@ class Settings(BaseSettings):
         # Several hosts (a primary and its standbys) in the form SQLAlchemy reads.
         return spread_hosts(f"{DATABASE_SCHEMES[scheme.lower()]}://{rest}")
 
+    @field_validator("database_direct_url")
+    @classmethod
+    def _a_postgresql_server(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        scheme, separator, rest = value.partition("://")
+        if not separator or not scheme.lower().startswith("postgresql"):
+            raise ValueError(
+                f"TASKHOOK_DATABASE_DIRECT_URL={for_people(value)!r}: must be a PostgreSQL URL "
+                "that bypasses the pooler: postgresql+psycopg://user:password@host:5432/db"
+            )
+        if scheme.lower() not in DATABASE_SCHEMES:
+            raise ValueError(
+                f"TASKHOOK_DATABASE_DIRECT_URL={for_people(value)!r}: postgresql:// or "
+                "postgresql+psycopg:// (psycopg is the driver taskhook installs)"
+            )
+        return f"{DATABASE_SCHEMES[scheme.lower()]}://{rest}"
+
+    def listener_url(self) -> str | None:
+        """Where the LISTEN/NOTIFY listener connects: PostgreSQL itself. None
+        when that is not known: behind a pooler with no direct URL given
+        (a LISTEN through PgBouncer in transaction mode would hear nothing)."""
+        if self.database_direct_url is not None:
+            return self.database_direct_url
+        return None if self.database_pooler != "none" else self.database_url
+
     @field_validator("broker_url")
     @classmethod
     def _a_broker_taskhook_runs_on(cls, value: str) -> str:
@@ -511,6 +553,15 @@ class Settings(BaseSettings):
             on_sqlite = self.database_url.startswith("sqlite")
             self.worker_concurrency = (
                 SQLITE_WORKER_CONCURRENCY if on_sqlite else DEFAULT_WORKER_CONCURRENCY
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_pooler_is_postgresql_s(self) -> Settings:
+        if self.database_pooler != "none" and self.database_url.startswith("sqlite"):
+            raise ValueError(
+                f"TASKHOOK_DATABASE_POOLER={self.database_pooler} is for PostgreSQL behind a "
+                "pooler; TASKHOOK_DATABASE_URL is a SQLite file: unset the pooler"
             )
         return self
 

@@ -187,3 +187,30 @@ ensure_squawk() {
         [ "${CI:-}" != "true" ]
     fi
 }
+
+# ensure_pgbouncer: the tests that run taskhook behind PgBouncer in
+# transaction mode (tests/support/pgbouncer.py) start their own pgbouncer, on
+# a port of their own, and stop it after. When pgbouncer is not installed,
+# install Debian's package; if that install started the packaged service (an
+# init system that starts services), stop that one process again: nobody asked
+# for a server. In CI (CI=true) a pgbouncer still missing fails.
+ensure_pgbouncer() {
+    # Debian puts it in /usr/sbin, which a user's PATH may leave out.
+    if command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; then
+        return 0
+    fi
+    local before pid
+    before=" $(pgrep -x pgbouncer | tr '\n' ' ' || true) "
+    apt_install "pgbouncer (Debian's pgbouncer package)" pgbouncer || true
+    for pid in $(pgrep -x pgbouncer || true); do
+        case "$before" in
+        *" $pid "*) ;;
+        *)
+            echo "==> stopping the PgBouncer service the install started (pid $pid)"
+            kill "$pid" || true
+            ;;
+        esac
+    done
+    [ -x /usr/sbin/pgbouncer ] && return 0
+    require_commands "the PgBouncer tests will fail (apt-get install pgbouncer)" pgbouncer
+}

@@ -24,6 +24,7 @@ from migrations import upgrade_to_head
 from models import sealing
 from models.db import make_engine, make_session_factory
 from tests.support.descriptors import DescriptorWatch, open_descriptors
+from tests.support.pgbouncer import PgBouncer, running_pgbouncer
 from tests.support.stores import POSTGRES_ADMIN_URL, Store, empty_postgres, libpq, open_store
 
 #: The key every process of the suite seals credentials with: the embedded
@@ -81,6 +82,15 @@ def postgres_url() -> Iterator[str]:
     yield url
     with psycopg.connect(libpq(POSTGRES_ADMIN_URL), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A PgBouncer of the run's own in transaction mode, in front of the
+    machine's PostgreSQL (tests/support/pgbouncer.py); started when a test
+    first asks for it, stopped at the end."""
+    with running_pgbouncer(POSTGRES_ADMIN_URL) as bouncer:
+        yield bouncer
 
 
 @pytest.fixture(scope="session")

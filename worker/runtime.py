@@ -59,8 +59,15 @@ def _bounded_statements(settings: Settings) -> dict[str, object]:
     are these. A statement cut off raises a database error, which retries the
     delivery like any other; the lease and the attempt fence make a second run
     harmless. (Ignored for SQLite, whose busy timeout bounds its waits.)
+    Behind a pooler only the client's half is set here.
     """
     limit_ms = settings.task_time_limit_seconds * 1000
+    if settings.database_pooler != "none":
+        # A pooler refuses the startup option (PgBouncer: "unsupported startup
+        # parameter: options"), and a SET would stay behind on a server session
+        # other clients get next. The role's default bounds the statements
+        # there instead (docs/deploy.md, "Behind PgBouncer").
+        return {"tcp_user_timeout": limit_ms}
     return {"options": f"-c statement_timeout={limit_ms}", "tcp_user_timeout": limit_ms}
 
 

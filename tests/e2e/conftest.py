@@ -27,16 +27,55 @@ from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from tests.support.brokers import BROKERS, rabbitmq_vhost
 from tests.support.browser import BrowserLog, launched_chromium, watched_page
+from tests.support.pgbouncer import EVERY_TEST_THROUGH_PGBOUNCER, routed_through
 from tests.support.processes import REDIS_URL, Ingress, Launcher, StartWorker
 from tests.support.stores import empty_postgres
 from worker.celery_app import make_celery_app
 
+#: How the processes a module starts reach PostgreSQL: straight, or through a
+#: PgBouncer in transaction mode (docs/deploy.md, "Behind PgBouncer").
+ROUTES = ("direct", "pgbouncer")
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A module that sets ``ON_EVERY_BROKER = True`` runs once on Redis and once
-    on RabbitMQ: the same tests, on each broker taskhook supports."""
-    if "broker" in metafunc.fixturenames and getattr(metafunc.module, "ON_EVERY_BROKER", False):
-        metafunc.parametrize("broker", BROKERS, indirect=True, scope="module")
+    on RabbitMQ: the same tests, on each broker taskhook supports. One that
+    sets ``THROUGH_PGBOUNCER_TOO = True`` runs again with its processes behind
+    a PgBouncer (on Redis alone: the broker is not what changes). With
+    TASKHOOK_TEST_PGBOUNCER=1 every module runs behind one, once."""
+    brokers = BROKERS if getattr(metafunc.module, "ON_EVERY_BROKER", False) else ()
+    routes = () if EVERY_TEST_THROUGH_PGBOUNCER else ROUTES
+    routes = routes if getattr(metafunc.module, "THROUGH_PGBOUNCER_TOO", False) else ()
+    if "broker" not in metafunc.fixturenames:
+        brokers = ()
+    if brokers and routes:
+        pairs = [(broker, "direct") for broker in brokers] + [("redis", "pgbouncer")]
+        metafunc.parametrize(
+            ("broker", "database_route"),
+            pairs,
+            ids=[f"{broker}-{route}" for broker, route in pairs],
+            indirect=True,
+            scope="module",
+        )
+    elif brokers:
+        metafunc.parametrize("broker", brokers, indirect=True, scope="module")
+    elif routes:
+        metafunc.parametrize("database_route", routes, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def database_route(request: pytest.FixtureRequest) -> Iterator[str]:
+    """How the module's processes reach PostgreSQL (``ROUTES``): through a
+    PgBouncer, their TASKHOOK_DATABASE_URL is its, with the settings taskhook
+    needs behind one (tests/support/pgbouncer.py). The tests' own sessions
+    always go straight to PostgreSQL."""
+    default = "pgbouncer" if EVERY_TEST_THROUGH_PGBOUNCER else "direct"
+    route = getattr(request, "param", default)
+    if route == "direct":
+        yield route
+        return
+    with routed_through(request.getfixturevalue("pgbouncer")):
+        yield route
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +120,12 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def sessions(postgres_url: str, broker_url: str) -> Iterator[sessionmaker[Session]]:
+def sessions(
+    postgres_url: str, broker_url: str, database_route: str
+) -> Iterator[sessionmaker[Session]]:
     """The test's own view of the database the workers use; emptied when the
-    module ends on its broker (a module on every broker starts clean on each)."""
+    module ends on its broker (a module on every broker starts clean on each,
+    and again behind a PgBouncer: its workers and ingress are new too)."""
     engine = make_engine(postgres_url)
     try:
         yield make_session_factory(engine)

@@ -24,8 +24,10 @@ from tests.support.deliveries import fixture, github_headers, jira_headers
 from tests.support.processes import Ingress, StartWorker, finished, wait_until
 
 pytestmark = pytest.mark.e2e
-#: Runs once on Redis and once on RabbitMQ (tests/e2e/conftest.py).
+#: Runs once on Redis and once on RabbitMQ, and on Redis again with the
+#: processes behind a PgBouncer in transaction mode (tests/e2e/conftest.py).
 ON_EVERY_BROKER = True
+THROUGH_PGBOUNCER_TOO = True
 
 GITHUB_SECRET, JIRA_SECRET = "e2e-github-secret", "e2e-jira-secret"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pgbouncer import EVERY_TEST_THROUGH_PGBOUNCER, routed_through
 from tests.support.services import PrivatePostgres, PrivateRedis, ThrowawayDatabase
 from tests.support.stack import SCALE, Stack
 
@@ -143,6 +144,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 # --- servers -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _through_pgbouncer(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With TASKHOOK_TEST_PGBOUNCER=1, the scenarios' processes reach the shared
+    PostgreSQL through a PgBouncer in transaction mode (tests/support/pgbouncer.py);
+    a scenario's private cluster they still reach directly."""
+    if not EVERY_TEST_THROUGH_PGBOUNCER:
+        yield
+        return
+    with routed_through(request.getfixturevalue("pgbouncer")):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.broker.messages import DELIVERY_QUEUES, OPERATOR_QUEUE
 from models.inbox import FINISHED
 from models.tables import Delivery
+from tests.support.pgbouncer import database_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -131,11 +132,9 @@ class WorkerProcess:
 def worker_environment(database_url: str, broker_url: str, **extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("TASKHOOK_")}
     env.update(FAST)
-    env.update(
-        TASKHOOK_DATABASE_URL=database_url,
-        TASKHOOK_BROKER_URL=broker_url,
-        PYTHONUNBUFFERED="1",
-    )
+    # Straight to the database, or through the PgBouncer the test routes it by.
+    env.update(database_environment(database_url))
+    env.update(TASKHOOK_BROKER_URL=broker_url, PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
 

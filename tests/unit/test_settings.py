@@ -205,6 +205,43 @@ def test_another_database_is_refused_naming_those_taken(monkeypatch: pytest.Monk
     assert "hunter2" not in line
 
 
+def test_the_listener_connects_straight_to_postgresql_never_through_the_pooler(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setenv("TASKHOOK_DATABASE_URL", "postgresql://u@pgbouncer:6432/db")
+    assert Settings().listener_url() == "postgresql+psycopg://u@pgbouncer:6432/db"
+    # Behind a pooler, no direct URL: no listener (a LISTEN there hears nothing).
+    monkeypatch.setenv("TASKHOOK_DATABASE_POOLER", "pgbouncer")
+    assert Settings().listener_url() is None
+    monkeypatch.setenv("TASKHOOK_DATABASE_DIRECT_URL", "postgresql://u@db:5432/db")
+    assert Settings().listener_url() == "postgresql+psycopg://u@db:5432/db"
+
+
+@pytest.mark.parametrize(
+    ("variables", "says"),
+    [
+        (
+            {"TASKHOOK_DATABASE_POOLER": "pgpool"},
+            "TASKHOOK_DATABASE_POOLER='pgpool': must be one of none, pgbouncer",
+        ),
+        (
+            {"TASKHOOK_DATABASE_POOLER": "pgbouncer"},
+            "TASKHOOK_DATABASE_POOLER=pgbouncer is for PostgreSQL behind a pooler; "
+            "TASKHOOK_DATABASE_URL is a SQLite file: unset the pooler",
+        ),
+        (
+            {"TASKHOOK_DATABASE_DIRECT_URL": "sqlite:///var/taskhook.db"},
+            "TASKHOOK_DATABASE_DIRECT_URL='sqlite:///var/taskhook.db': must be a PostgreSQL "
+            "URL that bypasses the pooler: postgresql+psycopg://user:password@host:5432/db",
+        ),
+    ],
+)
+def test_a_pooler_setting_that_cannot_work_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], says: str
+):
+    assert invalid(monkeypatch, **variables) == says
+
+
 def test_a_misspelled_setting_is_named_with_the_setting_it_may_mean():
     assert unknown_variables({"TASKHOOK_DATABSE_URL": "sqlite:///x.db", "PATH": "/bin"}) == [
         "TASKHOOK_DATABSE_URL is not a setting; did you mean TASKHOOK_DATABASE_URL?"
