@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 
 from ingest.app import create_app
 from ingest.runtime import AsyncInbox, StoreUnavailable
-from models.db import driver_options, make_engine
+from models.db import driver_options, libpq_conninfo, make_engine
 from models.fastpath import fast_path
 from models.inbox import DeliveryStatus, IncomingDelivery
 from models.settings import Settings
@@ -232,4 +232,4 @@ def test_the_ingress_listens_on_the_direct_url_and_behind_a_pooler_without_one_p
     assert "no TASKHOOK_DATABASE_DIRECT_URL: no LISTEN/NOTIFY listener" in caplog.text
     listener = listener_of(database_direct_url=postgres_url)
     assert listener is not None
-    assert listener._conninfo == libpq(postgres_url)
+    assert listener._conninfo == libpq_conninfo(postgres_url)
