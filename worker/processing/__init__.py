@@ -179,8 +179,11 @@ def _run_from_start(run: Run, retries: int, start: Callable[[LookupMisses], Star
     lease = None  # set once the claim has committed
     try:
         misses = LookupMisses()
-        with tracing.span("claim"):
-            started = start(misses)
+        # Steps as events of the run's span, not spans of their own: a span
+        # costs the worker far more (docs/performance.md, "Tracing").
+        tracing.event("claim")
+        started = start(misses)
+        tracing.event("claimed" if started.claimed is not None else "not claimed")
         if started.claimed is None:
             return _not_claimed(run)
         # The row's budget, which a crash does not refill (process_delivery).
@@ -189,10 +192,12 @@ def _run_from_start(run: Run, retries: int, start: Callable[[LookupMisses], Star
         if started.inserted is not None:
             task = started.inserted.task
             logs.bind(workspace=task.workspace_id, external_id=task.external_id, task=task.id)
-            with tracing.span("settle"):
-                return replace(settle_fast(attempt, started), path=started.path)
-        with tracing.span("create"):
-            return replace(create_on_the_general_path(attempt, misses), path="general")
+            settled = settle_fast(attempt, started)
+            tracing.event("settled")
+            return replace(settled, path=started.path)
+        created = create_on_the_general_path(attempt, misses)
+        tracing.event("created or ended")
+        return replace(created, path="general")
     except run.transient as error:
         session.rollback()  # whatever the failed statement left open
         return after_transient_error(run, lease, error, retries)
