@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -35,7 +36,7 @@ from models.idempotency import (
     latest_event,
     run_once,
 )
-from models.tables import Task
+from models.tables import IdentityRelease, Task
 from models.tasks import (
     archive_task,
     delete_task,
@@ -253,3 +254,26 @@ def merge(
     receipt = _once(session, retry, request, change)
     merge_id = (receipt.answer or {}).get("merge_id")
     return merges.get_merge(session=session, caller=caller, merge_id=merge_id), receipt
+
+
+def release_answer(session: Session, receipt: Receipt) -> dict[str, Any]:
+    """What a release answers, from its receipt: the audit row it wrote. Here,
+    not in the operator worker, so that the CLI answers from it without
+    importing Celery."""
+    audit = session.get(IdentityRelease, (receipt.answer or {}).get("audit_id"))
+    if audit is None:  # no audit row under the receipt: say what the key kept
+        return {"released": True, "replayed": receipt.replayed, "task_id": receipt.task_id}
+    task = session.get(Task, audit.task_id)
+    return {
+        "released": True,
+        "replayed": receipt.replayed,
+        "workspace_id": audit.workspace_id,
+        "external_id": audit.external_id,
+        "task_id": audit.task_id,
+        "expected_task_id": audit.expected_task_id,
+        "identifier": task.identifier if task is not None else None,
+        "audit_id": audit.id,
+        "operator": audit.operator,
+        "reason": audit.reason,
+        "released_at": audit.released_at.isoformat(),
+    }

@@ -34,7 +34,6 @@ from models.errors import (
     InvalidRelease,
     TaskNotFound,
 )
-from models.tables import IdentityRelease, Task
 from worker import runtime
 
 log = logging.getLogger(__name__)
@@ -109,28 +108,7 @@ def release_identity(
         )
     except TaskNotFound:
         return _refused(f"no task in workspace {workspace_id} holds external id {external_id!r}")
-    return release_answer(session, receipt)
-
-
-def release_answer(session: Session, receipt: retry_safe.Receipt) -> dict[str, Any]:
-    """What a release answers, from its receipt: the audit row it wrote."""
-    audit = session.get(IdentityRelease, (receipt.answer or {}).get("audit_id"))
-    if audit is None:  # no audit row under the receipt: say what the key kept
-        return {"released": True, "replayed": receipt.replayed, "task_id": receipt.task_id}
-    task = session.get(Task, audit.task_id)
-    return {
-        "released": True,
-        "replayed": receipt.replayed,
-        "workspace_id": audit.workspace_id,
-        "external_id": audit.external_id,
-        "task_id": audit.task_id,
-        "expected_task_id": audit.expected_task_id,
-        "identifier": task.identifier if task is not None else None,
-        "audit_id": audit.id,
-        "operator": audit.operator,
-        "reason": audit.reason,
-        "released_at": audit.released_at.isoformat(),
-    }
+    return retry_safe.release_answer(session, receipt)
 
 
 def _refused(error: str, **details: Any) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from models.reports import (
     task_named,
     timeline,
 )
+from models.retry_safe import release_answer
 from models.tables import MAX_ROW_ID, Task, WorkflowStep, utcnow
 from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
 
@@ -45,7 +46,6 @@ from worker.cli.output import echo, emit_json, format_when, json_option, print_f
 from worker.cli.params import checked_by, operator_or_os_user
 from worker.cli.prompts import confirmed
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
-from worker.operator import release_answer
 
 DEFAULT_RELEASE_TIMEOUT_SECONDS = 30.0
 #: The CLI is the operator's own: it sees every workspace.
