@@ -658,16 +658,18 @@ def test_the_overview_shows_each_uncovered_window_with_its_providers_catch_up(
 
 
 def _backed_up(console: Console) -> None:
-    """acme: 2 queued for 3 minutes and 1 processing; globex: 5 queued for a minute."""
+    """acme: 2 queued for 3 hours and 1 processing; globex: 5 queued for an hour.
+    Hours, not minutes: the page shows two units, so its ages read the same
+    for the next minute however slowly the test runs."""
     with console.store.sessions() as session:
         source = dict(session.execute(select(WebhookSource.slug, WebhookSource.id)).all())
     now = utcnow()
     a_backlog(
-        console.store, source["acme-github"], queued=2, received_at=now - timedelta(minutes=3)
+        console.store, source["acme-github"], queued=2, received_at=now - timedelta(hours=3)
     )
     a_backlog(console.store, source["acme-github"], processing=1, finished=4)
     a_backlog(
-        console.store, source["globex-github"], queued=5, received_at=now - timedelta(minutes=1)
+        console.store, source["globex-github"], queued=5, received_at=now - timedelta(hours=1)
     )
 
 
@@ -704,9 +706,9 @@ def test_the_overview_lists_the_backed_up_workspaces_a_token_may_see(console: Co
     _both_workspaces(console)
     both_see = _backlog_rows(console)
 
-    assert acme_sees == [("acme", "3", "3m")]
-    assert globex_sees == [("globex", "5", "1m")]
-    assert both_see == [("globex", "5", "1m"), ("acme", "3", "3m")]  # largest first
+    assert acme_sees == [("acme", "3", "3h")]
+    assert globex_sees == [("globex", "5", "1h")]
+    assert both_see == [("globex", "5", "1h"), ("acme", "3", "3h")]  # largest first
 
 
 def test_the_overview_says_when_no_workspace_it_may_see_is_backed_up(console: Console) -> None:
@@ -734,8 +736,8 @@ def test_the_overview_sums_the_workspaces_beyond_those_it_lists(
     rows = _backlog_rows(console)
     page = html.unescape(console.client.get("/console/").text)
 
-    assert rows == [("globex", "5", "1m")]
-    assert "And 1 more workspace: 3 deliveries, the oldest queued waiting 3m." in page
+    assert rows == [("globex", "5", "1h")]
+    assert "And 1 more workspace: 3 deliveries, the oldest queued waiting 3h." in page
 
 
 def test_the_overview_names_the_paused_sources_a_token_may_see(console: Console) -> None:
