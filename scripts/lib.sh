@@ -179,6 +179,10 @@ ensure_squawk() {
     fi
     if command -v npm >/dev/null; then
         echo "==> installing squawk $SQUAWK_VERSION into .tools/"
+        # Node trusts its own CA list, not the system's: behind a proxy with a
+        # local CA (as on this machine) npm needs the system bundle named.
+        local bundle=/etc/ssl/certs/ca-certificates.crt
+        [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -r "$bundle" ] && export NODE_EXTRA_CA_CERTS=$bundle
         npm install --prefix .tools --no-save --no-audit --no-fund \
             "squawk-cli@$SQUAWK_VERSION" >"$VENV/npm.log" 2>&1 || cat "$VENV/npm.log" >&2
     fi
