@@ -35,7 +35,7 @@ from ingest.rest import (
     require_access,
 )
 from ingest.schemas import CreatedTask, FoundTask, TaskCreate, TaskPage, TaskPatch, TaskRead
-from models import retry_safe
+from models import idempotency, retry_safe
 from models.errors import TaskNotFound
 from models.idempotency import task_revision
 from models.identities import names_shown
@@ -94,10 +94,10 @@ IfMatchHeader = Annotated[
 REPLAYED = "Idempotent-Replayed"
 
 
-def _retry(request: Request, principal: Principal, key: str | None) -> retry_safe.Retry:
+def _retry(request: Request, principal: Principal, key: str | None) -> idempotency.Retry:
     hours = request.app.state.runtime.settings.idempotency_window_hours
-    return retry_safe.Retry.of(
-        retry_safe.token_actor(principal.token_id), key, window=timedelta(hours=hours)
+    return idempotency.Retry.of(
+        idempotency.token_actor(principal.token_id), key, window=timedelta(hours=hours)
     )
 
 

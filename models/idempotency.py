@@ -36,8 +36,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -214,16 +215,32 @@ def _receipt_of(session: Session, row: IdempotencyKey) -> Receipt:
 
 
 def receipt_under_key(
-    *, session: Session, key: str, now: datetime | None = None
-) -> tuple[IdempotencyKey, Receipt] | None:
-    """The key's row and its receipt, while the key is in its window; None
-    otherwise. For a surface that decides before it sends (the CLI's
-    release, which asks the operator worker): the caller compares the
-    row's ``actor`` and ``target`` with its own."""
-    row = _row(session, KeyedRequest(actor="", key=key, action="", target=""))
+    *,
+    session: Session,
+    request: KeyedRequest,
+    guard_of: Callable[[Receipt], str | None] | None = None,
+    now: datetime | None = None,
+) -> Receipt | None:
+    """The receipt of ``request``'s key while the key is in its window, or
+    None. For a surface that decides before it changes anything -- the CLI
+    asks before it acts, and its release is made by the operator worker -- so
+    that a run again under a used key answers what the first run did instead
+    of asking again. Raises :class:`IdempotencyKeyReused` when the key was
+    another request's, as :func:`run_once` does.
+
+    ``guard_of`` is for a guard the caller does not repeat: the CLI's release
+    guards with the holder it showed, and a committed release has freed the
+    identity, so a run again compares everything else and takes the guard
+    the first run sent from its receipt."""
+    row = _row(session, request)
     if row is None or row.expires_at <= (now or utcnow()) or row.status is None:
         return None
-    return row, _receipt_of(session, row)
+    receipt = _receipt_of(session, row)
+    if guard_of is not None:
+        request = replace(request, guard=guard_of(receipt))
+    if row.fingerprint != request.fingerprint():
+        raise IdempotencyKeyReused(request.key)
+    return receipt
 
 
 def latest_event(session: Session, *, task_id: int, type: str) -> TaskEvent | None:
@@ -303,3 +320,103 @@ def check_revision(task: Task, guard: str | None) -> None:
     current = task_revision(task)
     if current not in guard.split(", "):
         raise StaleRevision(task.id, guard, current)
+
+
+# --- what every surface sends --------------------------------------------------------------
+
+
+class Action:
+    """The changes a key can be sent with, one name each whatever the surface:
+    a key sent over REST and again over MCP or the console for the same
+    request replays (the action, not the route, is fingerprinted)."""
+
+    MERGE = "task.merge"
+    ARCHIVE = "task.archive"
+    DELETE = "task.delete"
+    RELEASE = "identity.release"
+    # The changes whose receipt is what they answered (no event of their own):
+    UNMERGE = "merge.undo"
+    REPLAY = "delivery.replay"
+    BULK_REPLAY = "deliveries.bulk_replay"
+    ROTATE_SECRET = "source.rotate"
+    FINISH_ROTATION = "source.finish_rotation"
+    REVOKE_TOKEN = "token.revoke"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Who sends the key, the key (None: no key, the change runs as sent),
+    and how long it is kept."""
+
+    actor: str
+    key: str | None
+    window: timedelta = DEFAULT_WINDOW
+
+    @classmethod
+    def of(cls, actor: str, key: object, window: timedelta = DEFAULT_WINDOW) -> Retry:
+        """Raises :class:`InvalidIdempotencyKey` for a key no row can keep."""
+        return cls(actor=actor, key=checked_key(key), window=window)
+
+
+def token_actor(token_id: int) -> str:
+    """The actor of a token's requests, whichever surface it uses."""
+    return f"token:{token_id}"
+
+
+def cli_actor(operator: str) -> str:
+    """The actor of an operator's CLI commands (the name they run under)."""
+    return f"cli:{operator}"
+
+
+def keyed(retry: Retry | None, action: str, target: str, body: dict, guard) -> KeyedRequest:
+    """The request a surface sends under ``retry``'s key (none: an empty key)."""
+    return KeyedRequest(
+        actor=retry.actor if retry else "",
+        key=(retry.key or "") if retry else "",
+        action=action,
+        target=target,
+        body=body,
+        guard=None if guard is None else str(guard),
+    )
+
+
+def answered_once(
+    session: Session,
+    retry: Retry | None,
+    *,
+    action: str,
+    target: str,
+    body: Mapping[str, object],
+    work: Callable[[], dict[str, Any]],
+) -> tuple[dict[str, Any], bool]:
+    """``work()``'s answer, once per key, and whether this was a retry -- which
+    gets the first answer, and must not repeat what followed the commit (a
+    message sent, a secret shown). For the changes whose receipt is what they
+    answered: an unmerge, a replay, a rotation, a revocation."""
+    if retry is None or retry.key is None:
+        return work(), False
+    receipt = run_once(
+        session=session,
+        request=keyed(retry, action, target, body, None),
+        change=lambda: Receipt(status=200, answer=work()),
+        window=retry.window,
+    )
+    return dict(receipt.answer or {}), receipt.replayed
+
+
+def answered_before(
+    session: Session,
+    retry: Retry | None,
+    *,
+    action: str,
+    target: str,
+    body: Mapping[str, object],
+) -> dict[str, Any] | None:
+    """What a run under ``retry``'s key answered, when that run committed;
+    for the CLI, which shows and asks before it acts, and answers a run again
+    without asking. Raises ``IdempotencyKeyReused`` when the key was another
+    request's."""
+    if retry is None or retry.key is None:
+        return None
+    receipt = receipt_under_key(session=session, request=keyed(retry, action, target, body, None))
+    return None if receipt is None else dict(receipt.answer or {})

@@ -20,11 +20,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql import ColumnElement
 
+from models import idempotency
 from models.db import session_scope
 from models.errors import (
     InvalidExternalId,
@@ -425,6 +427,42 @@ def checked_name(name: object) -> str:
     )
 
 
+def _bulk_replay_request(
+    filter: DeliveryFilter, named: frozenset[int], name: str, expected: int | None
+) -> dict[str, Any]:
+    """What makes two bulk replays the same request: the criteria, the scope,
+    the name and the count the caller saw."""
+    criteria: dict[str, object] = dict(filter.criteria())
+    if named:
+        criteria["recreate"] = sorted(named)
+    scope = None if filter.workspace_ids is None else sorted(filter.workspace_ids)
+    return {
+        "action": idempotency.Action.BULK_REPLAY,
+        "target": "deliveries" if scope is None else f"deliveries of workspaces {scope}",
+        "body": {"criteria": criteria, "name": name, "expected": expected},
+    }
+
+
+def started_under_key(
+    *,
+    session: Session,
+    retry: idempotency.Retry,
+    filter: DeliveryFilter,
+    name: str,
+    expected: int | None,
+    named: frozenset[int] = frozenset(),
+) -> OperationView | None:
+    """The bulk replay a run under ``retry``'s key started, as it stands now,
+    or None; for the CLI, which counts and asks before it starts one. Raises
+    ``IdempotencyKeyReused`` when the key was another request's."""
+    answer = idempotency.answered_before(
+        session, retry, **_bulk_replay_request(filter, checked_named(named), name, expected)
+    )
+    if answer is None:
+        return None
+    return get_operation(session=session, operation_id=int(answer["operation_id"]))
+
+
 def bulk_replay(
     *,
     sessions: sessionmaker[Session],
@@ -435,6 +473,7 @@ def bulk_replay(
     send: Callable[[list[int]], None],
     batch: int = 500,
     named: frozenset[int] = frozenset(),
+    retry: idempotency.Retry | None = None,
 ) -> OperationView:
     """Queue every needs_operator and dead delivery ``filter`` matches again,
     as :func:`models.inbox.replay` does each one, and record it in the history
@@ -451,6 +490,10 @@ def bulk_replay(
     the run began, and rows behind its cursor (one replayed that failed again
     meanwhile), are left alone: each row is replayed once per run. An error
     is recorded on the operation, then raised.
+
+    Under ``retry``'s key the operation is started once: a run again with the
+    key and the same request answers the first run's operation as it stands
+    now (finished, still running, or stopped by an error) and queues nothing.
     """
     name = checked_name(name)
     operator = _checked(
@@ -466,30 +509,36 @@ def bulk_replay(
     statuses = bulk_statuses(filter)
     named = checked_named(named)
 
+    request = _bulk_replay_request(filter, named, name, expected)
     with session_scope(sessions) as session:
         # The rows that exist now are this run's; one stored later is not.
         last_key = session.scalar(select(func.max(Delivery.id))) or 0
         # Computed once: the time bounds' key search need not run per batch.
         selection = selected_for_replay(session=session, filter=filter, named=named)
         conditions = [*selection.matched, selection.replayed, Delivery.id <= last_key]
-        matched = session.scalar(select(func.count()).where(*conditions)) or 0
-        criteria: dict[str, object] = dict(filter.criteria())
-        if named:
-            criteria["recreate"] = sorted(named)
-        operation = Operation(
-            kind=BULK_REPLAY,
-            name=name,
-            operator=operator,
-            criteria=criteria,
-            scope=None if filter.workspace_ids is None else sorted(filter.workspace_ids),
-            expected=expected,
-            matched=matched,
-            done=0,
-            started_at=utcnow(),
-        )
-        session.add(operation)
-        session.flush()
-        operation_id = operation.id
+
+        def start() -> dict[str, object]:
+            matched = session.scalar(select(func.count()).where(*conditions)) or 0
+            operation = Operation(
+                kind=BULK_REPLAY,
+                name=name,
+                operator=operator,
+                criteria=request["body"]["criteria"],
+                scope=None if filter.workspace_ids is None else sorted(filter.workspace_ids),
+                expected=expected,
+                matched=matched,
+                done=0,
+                started_at=utcnow(),
+            )
+            session.add(operation)
+            session.flush()
+            return {"operation_id": operation.id, "matched": matched}
+
+        started, replayed = idempotency.answered_once(session, retry, **request, work=start)
+        operation_id = int(started["operation_id"])
+        if replayed:
+            return get_operation(session=session, operation_id=operation_id)
+        matched = int(started["matched"])
     reason = f"replayed by {operator} in bulk (operation {operation_id}: {name})"
 
     done, cursor = 0, 0

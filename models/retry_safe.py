@@ -15,8 +15,6 @@ everything that is not a create").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -27,13 +25,16 @@ from models.errors import TaskNotFound, WorkspaceNotAccessible
 from models.events import EventType
 from models.external_id import normalize_external_id
 from models.idempotency import (
-    DEFAULT_WINDOW,
+    Action,
     KeyedRequest,
     Receipt,
+    Retry,
+    answered_once,
     check_revision,
     checked_if_match,
-    checked_key,
+    keyed,
     latest_event,
+    receipt_under_key,
     run_once,
 )
 from models.tables import IdentityRelease, Task
@@ -45,52 +46,11 @@ from models.tasks import (
     release_external_id,
 )
 
-MERGE = "task.merge"
-ARCHIVE = "task.archive"
-DELETE = "task.delete"
-RELEASE = "identity.release"
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Who sends the key, the key (None: no key, the change runs as sent),
-    and how long it is kept."""
-
-    actor: str
-    key: str | None
-    window: timedelta = DEFAULT_WINDOW
-
-    @classmethod
-    def of(cls, actor: str, key: object, window: timedelta = DEFAULT_WINDOW) -> Retry:
-        """Raises :class:`InvalidIdempotencyKey` for a key no row can keep."""
-        return cls(actor=actor, key=checked_key(key), window=window)
-
-
-def token_actor(token_id: int) -> str:
-    """The actor of a token's requests, whichever surface it uses."""
-    return f"token:{token_id}"
-
-
-def cli_actor(operator: str) -> str:
-    """The actor of an operator's CLI commands (the name they run under)."""
-    return f"cli:{operator}"
-
 
 def _once(session: Session, retry: Retry | None, request: KeyedRequest, change) -> Receipt:
     if retry is None or retry.key is None:
         return change()
     return run_once(session=session, request=request, change=change, window=retry.window)
-
-
-def _keyed(retry: Retry | None, action: str, target: str, body: dict, guard) -> KeyedRequest:
-    return KeyedRequest(
-        actor=retry.actor if retry else "",
-        key=(retry.key or "") if retry else "",
-        action=action,
-        target=target,
-        body=body,
-        guard=None if guard is None else str(guard),
-    )
 
 
 def _locked_at_revision(session: Session, caller: Caller, task_id: int, guard: str | None) -> Task:
@@ -126,7 +86,9 @@ def archive(
         )
         return Receipt(status=200, workspace_id=task.workspace_id, task_id=task_id, event=event)
 
-    receipt = _once(session, retry, _keyed(retry, ARCHIVE, f"task {task_id}", {}, guard), change)
+    receipt = _once(
+        session, retry, keyed(retry, Action.ARCHIVE, f"task {task_id}", {}, guard), change
+    )
     # Fresh or replayed, the answer is the task as the caller may see it now.
     return get_task(session=session, caller=caller, task_id=task_id), receipt
 
@@ -151,7 +113,9 @@ def delete(
         event = latest_event(session, task_id=task_id, type=EventType.DELETED)
         return Receipt(status=204, workspace_id=workspace_id, task_id=task_id, event=event)
 
-    receipt = _once(session, retry, _keyed(retry, DELETE, f"task {task_id}", {}, guard), change)
+    receipt = _once(
+        session, retry, keyed(retry, Action.DELETE, f"task {task_id}", {}, guard), change
+    )
     if receipt.replayed and not caller.may_access(receipt.workspace_id or 0):
         raise TaskNotFound()
     return receipt
@@ -197,14 +161,45 @@ def release(
             status=204, workspace_id=workspace_id, task_id=audit.task_id, event=event, answer=answer
         )
 
-    request = _keyed(
+    request = release_request(retry, workspace_id, normalized, reason, expected_task_id)
+    return _once(session, retry, request, change)
+
+
+def release_request(
+    retry: Retry | None,
+    workspace_id: int,
+    normalized_external_id: str | None,
+    reason: str,
+    expected_task_id: int | None,
+) -> KeyedRequest:
+    """What makes two releases the same request."""
+    return keyed(
         retry,
-        RELEASE,
-        release_target(workspace_id, normalized),
+        Action.RELEASE,
+        release_target(workspace_id, normalized_external_id),
         {"reason": (reason or "").strip()},
         expected_task_id,
     )
-    return _once(session, retry, request, change)
+
+
+def released_under_key(
+    session: Session, retry: Retry, workspace_id: int, external_id: object, reason: str
+) -> Receipt | None:
+    """The release a run under ``retry``'s key made of the identity, or None;
+    for the CLI, which asks before it sends. The guard is the holder that
+    run showed (read from its audit row): the operator never typed it, and
+    the release freed it. Raises ``IdempotencyKeyReused`` when the key was
+    another request's."""
+    if retry.key is None:
+        return None
+    request = release_request(retry, workspace_id, normalize_external_id(external_id), reason, None)
+
+    def guard_sent(receipt: Receipt) -> str | None:
+        audit = session.get(IdentityRelease, (receipt.answer or {}).get("audit_id"))
+        expected = audit.expected_task_id if audit is not None else None
+        return None if expected is None else str(expected)
+
+    return receipt_under_key(session=session, request=request, guard_of=guard_sent)
 
 
 def merge_target(into_task_id: int) -> str:
@@ -217,7 +212,7 @@ def merge_request(
 ) -> KeyedRequest:
     """What makes two merges the same request."""
     body = {"from": from_task_id, "reason": (reason or "").strip()}
-    return _keyed(retry, MERGE, merge_target(into_task_id), body, None)
+    return keyed(retry, Action.MERGE, merge_target(into_task_id), body, None)
 
 
 def merge(
@@ -254,6 +249,60 @@ def merge(
     receipt = _once(session, retry, request, change)
     merge_id = (receipt.answer or {}).get("merge_id")
     return merges.get_merge(session=session, caller=caller, merge_id=merge_id), receipt
+
+
+def merged_under_key(
+    session: Session,
+    caller: Caller,
+    retry: Retry,
+    *,
+    into_task_id: int,
+    from_task_id: int,
+    reason: str,
+) -> merges.MergeView | None:
+    """The merge a run under ``retry``'s key made, or None; for the CLI, which
+    shows a plan and asks before it merges (and whose plan a committed merge
+    has made impossible). Raises ``IdempotencyKeyReused`` when the key was
+    another request's."""
+    if retry.key is None:
+        return None
+    request = merge_request(retry, into_task_id, from_task_id, reason)
+    receipt = receipt_under_key(session=session, request=request)
+    if receipt is None:
+        return None
+    merge_id = (receipt.answer or {}).get("merge_id")
+    return merges.get_merge(session=session, caller=caller, merge_id=merge_id)
+
+
+def unmerge(
+    *,
+    session: Session,
+    caller: Caller,
+    merge_id: int,
+    operator: str,
+    reason: str,
+    retry: Retry | None = None,
+) -> tuple[merges.MergeView, bool]:
+    """Undo the merge (``models.merges.unmerge``) once per key: the merge as
+    ``caller`` may see it now, and whether this was a retry. Another
+    workspace's merge is not found, replayed or not."""
+    merges.get_merge(session=session, caller=caller, merge_id=merge_id)
+
+    def work() -> dict[str, Any]:
+        merges.unmerge(
+            session=session, caller=caller, merge_id=merge_id, operator=operator, reason=reason
+        )
+        return {"merge_id": merge_id}
+
+    _answer, replayed = answered_once(
+        session,
+        retry,
+        action=Action.UNMERGE,
+        target=f"merge {merge_id}",
+        body={"reason": (reason or "").strip()},
+        work=work,
+    )
+    return merges.get_merge(session=session, caller=caller, merge_id=merge_id), replayed
 
 
 def release_answer(session: Session, receipt: Receipt) -> dict[str, Any]:

@@ -175,12 +175,13 @@ def list_tokens(
     ]
 
 
-def revoke_token(
+def token_in_scope(
     *, session: Session, token_id: int, workspace_ids: frozenset[int] | None = None
 ) -> ApiToken:
-    """Revoke the token (again: a no-op). With ``workspace_ids``, only a token
-    all of whose workspaces are among them: another is :class:`TokenNotFound`,
-    like an unknown id, so a caller learns nothing of tokens beyond its scope."""
+    """The token, if a caller scoped to ``workspace_ids`` may revoke it: all
+    its workspaces are among them (None: any token). Another is
+    :class:`TokenNotFound`, like an unknown id, so a caller learns nothing of
+    tokens beyond its scope."""
     record = session.get(ApiToken, token_id) if 1 <= token_id <= MAX_ROW_ID else None
     if record is None:
         raise TokenNotFound(token_id)
@@ -190,6 +191,14 @@ def revoke_token(
         its_workspaces = set(_workspaces_of(session, [token_id]).get(token_id, []))
         if not its_workspaces or not its_workspaces <= workspace_ids:
             raise TokenNotFound(token_id)
+    return record
+
+
+def revoke_token(
+    *, session: Session, token_id: int, workspace_ids: frozenset[int] | None = None
+) -> ApiToken:
+    """Revoke the token (again: a no-op), if it is in scope (:func:`token_in_scope`)."""
+    record = token_in_scope(session=session, token_id=token_id, workspace_ids=workspace_ids)
     if record.revoked_at is None:
         record.revoked_at = utcnow()
         session.flush()

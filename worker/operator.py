@@ -21,7 +21,7 @@ from typing import Any
 from celery import shared_task
 from sqlalchemy.orm import Session
 
-from models import retry_safe
+from models import idempotency, retry_safe
 from models.access import Caller
 from models.broker.messages import IDEMPOTENCY_KEY_HEADER, RELEASE_IDENTITY
 from models.broker.versions import notice_unknown
@@ -81,7 +81,7 @@ def release_identity(
         if value is not None and not isinstance(value, str):
             return _refused(f"{name} must be text")
     try:
-        retry = retry_safe.Retry.of(retry_safe.cli_actor(operator or ""), idempotency_key)
+        retry = idempotency.Retry.of(idempotency.cli_actor(operator or ""), idempotency_key)
         receipt = retry_safe.release(
             session=session,
             caller=Caller.trusted(operator or "operator"),

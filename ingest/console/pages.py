@@ -44,14 +44,14 @@ from ingest.console.auth import PREFIX, Refused, User
 from ingest.console.body import SHOWN_CHARS, SHOWN_DEPTH, shown_body
 from ingest.rest import STATUS_OF_KIND, console_session_of
 from ingest.runtime import IngressRuntime
-from models import retry_safe
+from models import idempotency, retry_safe
 from models.broker.lanes import Sender, lane_of
 from models.console_sessions import SignedIn
 from models.db import session_scope
 from models.display import format_age, format_when
 from models.errors import HolderChanged, NotReplayable, TaskStoreError
 from models.inbox import BULK_REPLAYABLE, REPLAYABLE, DeliveryStatus, replay
-from models.merges import get_merge, list_merges, merge, unmerge
+from models.merges import list_merges, merge
 from models.operations import (
     DeliveryFilter,
     bulk_replay,
@@ -80,7 +80,7 @@ from models.reports import (
 )
 from models.sources import add_secret, get_source, retire_older_secrets
 from models.tables import Delivery, EventStream, Task, WebhookSource
-from models.tokens import list_tokens, revoke_token
+from models.tokens import list_tokens, revoke_token, token_in_scope
 
 T = TypeVar("T")
 
@@ -566,7 +566,7 @@ async def replay_one(request: Request, user: User, delivery_id: int) -> Response
         return retries.once(
             session,
             retries.form_retry(request, user, form),
-            action="delivery.replay",
+            action=idempotency.Action.REPLAY,
             target=f"delivery {delivery_id}",
             body={"consent": consent},
             work=work,
@@ -636,6 +636,8 @@ async def replay_matching(request: Request, user: User) -> Response:
                 send=publish,
                 # Ticked one by one on the dry run's page: a task created again.
                 named=checked_named(form.getlist("recreate")),
+                # Sent again (a double click), the form starts no second run.
+                retry=retries.form_retry(request, user, form),
             )
 
     await run_in_threadpool(work)
@@ -801,7 +803,7 @@ async def merge_tasks(request: Request, user: User) -> HTMLResponse:
         return retries.once(
             session,
             retries.form_retry(request, user, form),
-            action="task.merge",
+            action=idempotency.Action.MERGE,
             target=f"task {into}",
             body={"from": from_identifier, "reason": reason.strip()},
             work=work,
@@ -851,25 +853,16 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
     external_id = str(form.get("external_id") or "").strip()
     reason = str(form.get("reason") or "")
 
-    def visible_then_once(session: Session) -> str:
-        # Another workspace's merge answers as one that does not exist, replayed or not.
-        get_merge(session=session, caller=user.principal.caller, merge_id=merge_id)
-        return retries.once(
-            session,
-            retries.form_retry(request, user, form),
-            action="merge.undo",
-            target=f"merge {merge_id}",
-            body={"reason": reason.strip()},
-            work=work,
-        )[0]
-
-    def work(session: Session) -> str:
-        undone = unmerge(
+    def undo(session: Session) -> str:
+        # Another workspace's merge answers as one that does not exist, replayed or not;
+        # a form sent again shows the notice the first one did.
+        undone, _replayed = retry_safe.unmerge(
             session=session,
             caller=user.principal.caller,
             merge_id=merge_id,
             operator=user.principal.name,
             reason=reason,
+            retry=retries.form_retry(request, user, form),
         )
         from_identifier = _identifier(session, undone.from_task_id)
         return (
@@ -877,7 +870,7 @@ async def undo_merge(request: Request, user: User, merge_id: int) -> HTMLRespons
             f"{from_identifier}'s again."
         )
 
-    return await run_in_threadpool(_acted, request, user, slug, external_id, visible_then_once)
+    return await run_in_threadpool(_acted, request, user, slug, external_id, undo)
 
 
 def _identifier(session: Session, task_id: int) -> str:
@@ -936,7 +929,7 @@ async def rotate_secret(request: Request, user: User, slug: str) -> HTMLResponse
         retries.once(
             session,
             retries.form_retry(request, user, form),
-            action="source.rotate",
+            action=idempotency.Action.ROTATE_SECRET,
             target=f"source {slug}",
             body={},
             work=add,
@@ -972,7 +965,7 @@ async def finish_rotation(request: Request, user: User, slug: str) -> Response:
     auth.require_operator(user, "Finishing a rotation")
     confirm = str(form.get("confirm") or "").strip()
 
-    def work(session: Session) -> int:
+    def work(session: Session) -> None:
         _visible_source(session, user, slug)
         if confirm != slug:
             raise Refused(
@@ -980,7 +973,14 @@ async def finish_rotation(request: Request, user: User, slug: str) -> Response:
                 f"Type the source's name ({slug}) to confirm finishing its rotation; "
                 "nothing changed.",
             )
-        return retire_older_secrets(session=session, slug=slug)
+        retries.once(
+            session,
+            retries.form_retry(request, user, form),
+            action=idempotency.Action.FINISH_ROTATION,
+            target=f"source {slug}",
+            body={},
+            work=lambda session: f"retired {retire_older_secrets(session=session, slug=slug)}",
+        )
 
     try:
         await run_in_threadpool(read, request, work)
@@ -1043,16 +1043,30 @@ async def revoke(request: Request, user: User, token_id: int) -> Response:
     confirm = str(form.get("confirm") or "").strip()
 
     def work(session: Session) -> None:
-        # Scoped first: another workspace's token answers 404, whatever was typed.
+        # Scoped first, sent again or not: another workspace's token answers 404.
+        token_in_scope(
+            session=session, token_id=token_id, workspace_ids=scope_of(session, user).ids
+        )
+        retries.once(
+            session,
+            retries.form_retry(request, user, form),
+            action=idempotency.Action.REVOKE_TOKEN,
+            target=f"token {token_id}",
+            body={"confirm": confirm},
+            work=revoke_confirmed,
+        )
+
+    def revoke_confirmed(session: Session) -> str:
         record = revoke_token(
             session=session, token_id=token_id, workspace_ids=scope_of(session, user).ids
         )
         if confirm != record.name:
-            # Raised inside the session scope: the revocation is rolled back.
+            # Raised inside the session scope: the revocation and the key are rolled back.
             raise Refused(
                 400,
                 f"Type the token's name ({record.name}) to confirm revoking it; nothing changed.",
             )
+        return "revoked"
 
     try:
         await run_in_threadpool(read, request, work)

@@ -18,9 +18,8 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import FormData
 from starlette.requests import Request
 
-from models import retry_safe
+from models import idempotency
 from models.console_sessions import SignedIn
-from models.idempotency import KeyedRequest, Receipt, run_once
 
 #: The hidden field every form carries (templates/macros.html, csrf_field).
 FIELD = "idempotency_key"
@@ -31,12 +30,12 @@ def new_key() -> str:
     return uuid.uuid4().hex
 
 
-def form_retry(request: Request, user: SignedIn, form: FormData) -> retry_safe.Retry:
+def form_retry(request: Request, user: SignedIn, form: FormData) -> idempotency.Retry:
     """The form's key as a retry; raises ``InvalidIdempotencyKey`` for one no
     row can keep. A form without one (an older page) acts without a key."""
     hours = request.app.state.runtime.settings.idempotency_window_hours
-    return retry_safe.Retry.of(
-        retry_safe.token_actor(user.principal.token_id),
+    return idempotency.Retry.of(
+        idempotency.token_actor(user.principal.token_id),
         form.get(FIELD) or None,
         window=timedelta(hours=hours),
     )
@@ -44,7 +43,7 @@ def form_retry(request: Request, user: SignedIn, form: FormData) -> retry_safe.R
 
 def once(
     session: Session,
-    retry: retry_safe.Retry,
+    retry: idempotency.Retry,
     *,
     action: str,
     target: str,
@@ -54,15 +53,12 @@ def once(
     """``work``'s notice, once per key, and whether this was a form sent
     again (which gets the first notice, and must not repeat what followed
     the commit -- a message enqueued, a secret shown)."""
-    if retry.key is None:
-        return work(session), False
-    request = KeyedRequest(
-        actor=retry.actor, key=retry.key, action=action, target=target, body=dict(body)
+    answer, replayed = idempotency.answered_once(
+        session,
+        retry,
+        action=action,
+        target=target,
+        body=body,
+        work=lambda: {"notice": work(session)},
     )
-    receipt = run_once(
-        session=session,
-        request=request,
-        change=lambda: Receipt(status=200, answer={"notice": work(session)}),
-        window=retry.window,
-    )
-    return str((receipt.answer or {}).get("notice", "")), receipt.replayed
+    return str(answer.get("notice", "")), replayed

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from models import retry_safe
+from models import idempotency, retry_safe
 from models.access import Caller
 from models.db import session_scope
 from models.errors import (
@@ -51,8 +51,8 @@ def _events(store: Store, type: str) -> int:
     return store.scalar("SELECT count(*) FROM task_events WHERE type = :type", type=type)
 
 
-def _retry(key: str = "k-1", actor: str = "token:1", **kwargs) -> retry_safe.Retry:
-    return retry_safe.Retry.of(actor, key, **kwargs)
+def _retry(key: str = "k-1", actor: str = "token:1", **kwargs) -> idempotency.Retry:
+    return idempotency.Retry.of(actor, key, **kwargs)
 
 
 # --- the key itself -------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_a_refused_change_keeps_no_key(store: Store):
 @pytest.mark.parametrize("key", ["", " ", "x" * 256, "with space", "caf\u00e9", 7])
 def test_a_key_no_row_can_keep_is_refused_plainly(key):
     with pytest.raises(InvalidIdempotencyKey):
-        retry_safe.Retry.of("token:1", key)
+        idempotency.Retry.of("token:1", key)
 
 
 # --- archive, delete, release ------------------------------------------------------------

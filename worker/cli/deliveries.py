@@ -9,11 +9,18 @@ from datetime import UTC, datetime
 
 import click
 
+from models import idempotency
 from models.broker.lanes import Sender, keys_per_message, lane_of
 from models.broker.messages import PROCESS_DELIVERY, message_groups, task_for
 from models.credentials import PLAIN, credential_counts
 from models.inbox import DeliveryStatus, replay
-from models.operations import DeliveryFilter, bulk_replay, checked_name, count_replayable
+from models.operations import (
+    DeliveryFilter,
+    bulk_replay,
+    checked_name,
+    count_replayable,
+    started_under_key,
+)
 from models.replay_plan import ReplayPlan, plan_replay
 from models.reports import (
     LISTED_BACKLOGS,
@@ -45,7 +52,7 @@ from worker.cli.output import (
     print_fields,
     print_table,
 )
-from worker.cli.params import DATABASE_ID, checked_by, operator_or_os_user
+from worker.cli.params import DATABASE_ID, checked_by, idempotency_key_option, operator_or_os_user
 from worker.cli.prompts import confirmed, someone_can_answer
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 
@@ -182,10 +189,22 @@ def _print_plan(plan: ReplayPlan, *, err: bool) -> None:
 @click.argument("delivery", type=DATABASE_ID, metavar="ID")
 @click.option("--dry-run", is_flag=True, help="Show what replaying would do; change nothing.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--operator", default=None, callback=operator_or_os_user, help="Who replays [the OS user]."
+)
+@idempotency_key_option(
+    "A key to retry this replay under: run again with it, it replays once and says so."
+)
 @json_option
 @pass_runtime
 def deliveries_replay(
-    runtime: CommandRuntime, delivery: int, dry_run: bool, yes: bool, as_json: bool
+    runtime: CommandRuntime,
+    delivery: int,
+    dry_run: bool,
+    yes: bool,
+    operator: str,
+    idempotency_key: str | None,
+    as_json: bool,
 ) -> None:
     """Send a needs_operator, dead, replay or mismatch delivery ID through the
     worker again.
@@ -199,7 +218,14 @@ def deliveries_replay(
     as it always did. --yes answers yes; --dry-run shows the plan and
     changes nothing; with --json the plan and the question go to stderr.
     """
+    retry = idempotency.Retry.of(idempotency.cli_actor(operator), idempotency_key)
+    request = {"action": idempotency.Action.REPLAY, "target": f"delivery {delivery}", "body": {}}
     with runtime.session() as session:
+        # A run again under the key of a replay that committed: said, not refused
+        # (the delivery is queued or settled now, which no replay takes).
+        if not dry_run and idempotency.answered_before(session, retry, **request) is not None:
+            _say_replayed_before(delivery, as_json)
+            return
         shown = plan_replay(session=session, delivery_pk=delivery)
     if dry_run:
         if as_json:
@@ -219,7 +245,15 @@ def deliveries_replay(
                 f"delivery {delivery} changed since its plan was shown; nothing was replayed: "
                 f"look again (taskhook deliveries replay {delivery} --dry-run)"
             )
-        replay(session=session, delivery_pk=delivery)
+        _answer, replayed = idempotency.answered_once(
+            session,
+            retry,
+            **request,
+            work=lambda: {"delivery": replay(session=session, delivery_pk=delivery).id},
+        )
+    if replayed:  # another run under the key replayed it meanwhile, and sent it
+        _say_replayed_before(delivery, as_json)
+        return
     # Committed: only now may a worker see the message (store, commit, then enqueue).
     try:
         cli_runtime.load_celery_app().send_task(
@@ -233,6 +267,7 @@ def deliveries_replay(
             {
                 "dry_run": False,
                 "delivery": delivery,
+                "replayed": False,
                 "status": "queued",
                 "enqueued": enqueued,
                 "error": problem,
@@ -250,6 +285,16 @@ def deliveries_replay(
             f"Delivery {delivery} is queued again, but the broker did not take the message "
             f"({problem}); the sweeper sends it within about {within:g}s once the broker is back."
         )
+
+
+def _say_replayed_before(delivery: int, as_json: bool) -> None:
+    if as_json:
+        emit_json({"dry_run": False, "delivery": delivery, "replayed": True})
+        return
+    echo(
+        f"Delivery {delivery} was replayed already under this key; nothing changed. "
+        f"Follow it: taskhook deliveries show {delivery}"
+    )
 
 
 def _plan_json(plan: ReplayPlan) -> dict[str, object]:
@@ -318,6 +363,9 @@ class UtcTime(click.ParamType):
     callback=operator_or_os_user,
     help="Who replays, as the history names them [the OS user].",
 )
+@idempotency_key_option(
+    "A key to retry this run under: run again with it, it starts once and answers that run."
+)
 @json_option
 @pass_runtime
 def deliveries_replay_matching(
@@ -334,6 +382,7 @@ def deliveries_replay_matching(
     expect: int | None,
     operator: str,
     as_json: bool,
+    idempotency_key: str | None,
 ) -> None:
     """Send every needs_operator and dead delivery that matches through the
     worker again, as `replay` does one: after fixing a cause many deliveries
@@ -398,6 +447,22 @@ def deliveries_replay_matching(
             )
         return
 
+    retry = idempotency.Retry.of(idempotency.cli_actor(operator), idempotency_key)
+    with runtime.session() as session:
+        before = started_under_key(
+            session=session, retry=retry, filter=found, name=name, expected=expect, named=recreate
+        )
+    if before is not None:
+        if as_json:
+            emit_json({"dry_run": False, "replayed": True, "operation": asdict(before)})
+            return
+        echo(
+            f"Started already under this key: operation {before.id} ({before.name}), "
+            f"{before.done} of {before.matched} queued again"
+            + (", finished." if before.finished else ", not finished.")
+            + " Nothing was sent. History: taskhook operations list"
+        )
+        return
     unsent: list[int] = []
     lane = lane_of(Sender.BULK_REPLAY)
     per_message = keys_per_message(runtime.settings, lane)
@@ -422,6 +487,7 @@ def deliveries_replay_matching(
         expected=expect,
         send=send,
         named=recreate,
+        retry=retry,
     )
     # What it left out is still parked, and still matches: counted afresh.
     with runtime.session() as session:
@@ -430,6 +496,7 @@ def deliveries_replay_matching(
         emit_json(
             {
                 "dry_run": False,
+                "replayed": False,
                 "operation": asdict(done),
                 "not_sent": len(unsent),
                 "task_deleted": left.task_deleted,

@@ -14,25 +14,21 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import retry_safe
+from models import idempotency, retry_safe
 from models.access import Caller
-from models.errors import IdempotencyKeyReused
-from models.idempotency import KeyedRequest, checked_key, receipt_under_key
 from models.identities import NameView, list_names
 from models.merges import (
     MergePlan,
     MergeSide,
     MergeView,
-    get_merge,
     list_merges,
     plan_merge,
-    unmerge,
 )
 from models.reports import get_workspace
 from models.tables import Task
 from models.tasks import MAX_RELEASE_REASON_LENGTH, clean_release_text
 from worker.cli.output import echo, emit_json, json_option, print_fields, print_table, printable
-from worker.cli.params import DATABASE_ID, checked_by, operator_or_os_user
+from worker.cli.params import DATABASE_ID, checked_by, idempotency_key_option, operator_or_os_user
 from worker.cli.runtime import CommandRuntime, Refused, pass_runtime
 
 #: The CLI is the operator's own: it sees every workspace, as ``release`` does.
@@ -217,12 +213,8 @@ def _confirmed(question: str, *, err: bool) -> None:
     "--reason", required=True, callback=checked_by(_reason), help="Why; kept in the audit row."
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option(
-    "--idempotency-key",
-    default=None,
-    callback=checked_by(checked_key),
-    help="A key to retry this merge under: run again with it, it merges once and answers "
-    "that merge.",
+@idempotency_key_option(
+    "A key to retry this merge under: run again with it, it merges once and answers that merge."
 )
 @json_option
 @pass_runtime
@@ -241,13 +233,14 @@ def identities_merge(
     FROM's names become INTO's aliases, FROM gives up its external id and is
     archived (never deleted). Audited; undo with `taskhook identities unmerge`.
     """
-    retry = retry_safe.Retry.of(retry_safe.cli_actor(operator), idempotency_key)
+    retry = idempotency.Retry.of(idempotency.cli_actor(operator), idempotency_key)
     with runtime.session() as session:
         into_id, from_id = _task_id(session, into, "--into"), _task_id(session, from_, "--from")
         # A run again under the key of a merge that committed: its answer, not a refusal
         # (the task merged from answers to no name any more).
-        request = retry_safe.merge_request(retry, into_id, from_id, reason)
-        merged_before = _merged_under_key(session, retry, request)
+        merged_before = retry_safe.merged_under_key(
+            session, OPERATOR, retry, into_task_id=into_id, from_task_id=from_id, reason=reason
+        )
     if merged_before is not None:
         if as_json:
             emit_json(_merge_json(merged_before))
@@ -282,24 +275,6 @@ def identities_merge(
     )
 
 
-def _merged_under_key(
-    session: Session, retry: retry_safe.Retry, request: KeyedRequest
-) -> MergeView | None:
-    """The merge an earlier run made under the key, or None; refused when the
-    key was another request's."""
-    if retry.key is None:
-        return None
-    under_key = receipt_under_key(session=session, key=retry.key)
-    if under_key is None:
-        return None
-    row, receipt = under_key
-    if row.fingerprint != request.fingerprint():
-        raise Refused(str(IdempotencyKeyReused(retry.key)))
-    return get_merge(
-        session=session, caller=OPERATOR, merge_id=(receipt.answer or {}).get("merge_id")
-    )
-
-
 @identities.command("unmerge")
 @click.argument("merge_id", type=DATABASE_ID)
 @click.option(
@@ -308,21 +283,37 @@ def _merged_under_key(
 @click.option(
     "--reason", required=True, callback=checked_by(_reason), help="Why; kept in the audit row."
 )
+@idempotency_key_option(
+    "A key to retry this undo under: run again with it, it undoes once and answers that undo."
+)
 @json_option
 @pass_runtime
 def identities_unmerge(
-    runtime: CommandRuntime, merge_id: int, operator: str, reason: str, as_json: bool
+    runtime: CommandRuntime,
+    merge_id: int,
+    operator: str,
+    reason: str,
+    as_json: bool,
+    idempotency_key: str | None,
 ) -> None:
     """Undo merge MERGE_ID: its names go back to the task merged from, which
     gets its external id back and is un-archived if the merge archived it."""
     with runtime.session() as session:
-        undone = unmerge(
-            session=session, caller=OPERATOR, merge_id=merge_id, operator=operator, reason=reason
+        undone, replayed = retry_safe.unmerge(
+            session=session,
+            caller=OPERATOR,
+            merge_id=merge_id,
+            operator=operator,
+            reason=reason,
+            retry=idempotency.Retry.of(idempotency.cli_actor(operator), idempotency_key),
         )
         back = session.get(Task, undone.from_task_id)
         owner = back.identifier if back is not None else f"task {undone.from_task_id}"
     if as_json:
-        emit_json(_merge_json(undone))
+        emit_json(_merge_json(undone) | {"replayed": replayed})
+        return
+    if replayed:
+        echo(f"Undone already under this key: merge {undone.id}. Nothing changed.")
         return
     echo(
         f"Undid merge {undone.id}: {printable(', '.join(n.name for n in undone.names))} are "

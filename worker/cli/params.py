@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from models.idempotency import checked_key, cli_actor
 from models.tables import MAX_ROW_ID
 from models.tasks import MAX_OPERATOR_LENGTH, clean_release_text
 
@@ -64,3 +65,17 @@ def operator_or_os_user(ctx: click.Context, param: click.Parameter, value: str |
     audit row keeps it (``models.tasks.clean_release_text``)."""
     given = value if value is not None else (_default_operator() or "")
     return checked_by(_operator)(ctx, param, given)
+
+
+def idempotency_key_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--idempotency-key KEY`` (docs/contract.md §16): a key to run a change
+    again under, checked as every surface checks one; ``help`` says what a
+    run again with it does."""
+    return click.option(
+        "--idempotency-key", default=None, callback=checked_by(checked_key), help=help
+    )
+
+
+def os_user_actor() -> str:
+    """The actor of a CLI change that names no ``--operator``: the OS user."""
+    return cli_actor(_default_operator() or "")

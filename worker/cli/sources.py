@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import sys
 from dataclasses import asdict
@@ -11,6 +12,7 @@ from urllib.parse import urlsplit
 import click
 from sqlalchemy.exc import IntegrityError
 
+from models import idempotency
 from models.broker.lanes import Sender, SourceLane, lane_of
 from models.broker.messages import PROCESS_DELIVERY
 from models.catchup import (
@@ -46,7 +48,7 @@ from models.sources import (
 )
 from worker.cli import runtime as cli_runtime
 from worker.cli.output import echo, emit_json, json_option, print_table
-from worker.cli.params import checked_by
+from worker.cli.params import checked_by, idempotency_key_option, os_user_actor
 from worker.cli.runtime import CommandRuntime, Refused, first_line, pass_runtime
 from worker.sweeper import send_backlog
 
@@ -325,23 +327,43 @@ def source_lane(runtime: CommandRuntime, name: str, lane: str, as_json: bool) ->
     help="The new secret; generated when omitted.",
 )
 @click.option("--finish", is_flag=True, help="Retire every secret but the newest.")
+@idempotency_key_option(
+    "A key to retry this step under: run again with it, it adds (or retires) once and "
+    "never shows a secret twice."
+)
 @json_option
 @pass_runtime
 def source_rotate_secret(
-    runtime: CommandRuntime, name: str, secret: str | None, finish: bool, as_json: bool
+    runtime: CommandRuntime,
+    name: str,
+    secret: str | None,
+    finish: bool,
+    idempotency_key: str | None,
+    as_json: bool,
 ) -> None:
     """Rotate source NAME's signing secret without rejecting a delivery.
 
     Without --finish: add a new secret; old ones keep verifying until you have
     pasted the new one into the provider. Then run again with --finish.
     """
+    retry = idempotency.Retry.of(os_user_actor(), idempotency_key)
     if finish:
         if secret is not None:
             raise click.UsageError("--finish retires old secrets; it takes no --secret")
         with runtime.session() as session:
-            retired = retire_older_secrets(session=session, slug=name)
+            answer, replayed = idempotency.answered_once(
+                session,
+                retry,
+                action=idempotency.Action.FINISH_ROTATION,
+                target=f"source {name}",
+                body={},
+                work=lambda: {"retired": retire_older_secrets(session=session, slug=name)},
+            )
+        retired = answer["retired"]
         if as_json:
-            emit_json({"source": name, "retired": retired})
+            emit_json({"source": name, "retired": retired, "replayed": replayed})
+        elif replayed:
+            echo(f"Finished already under this key: {retired} older secret(s) of {name} retired.")
         else:
             echo(f"Retired {retired} older secret(s) of {name}: only the newest verifies now.")
         return
@@ -349,8 +371,32 @@ def source_rotate_secret(
     generated = secret is None
     secret = secrets.token_urlsafe(32) if secret is None else secret
     with runtime.session() as session:
-        rotated = add_secret(session=session, slug=name, new_secret=secret)
-        provider = rotated.provider
+
+        def add() -> dict[str, str]:
+            return {"provider": add_secret(session=session, slug=name, new_secret=secret).provider}
+
+        # A generated secret is not part of the request: a run again under the
+        # key (which generates another) adds nothing and shows nothing. One
+        # given is, by its digest (the fingerprint keeps no secret).
+        given = {} if generated else {"secret": hashlib.sha256(secret.encode()).hexdigest()}
+        answer, replayed = idempotency.answered_once(
+            session,
+            retry,
+            action=idempotency.Action.ROTATE_SECRET,
+            target=f"source {name}",
+            body=given,
+            work=add,
+        )
+        provider = answer["provider"]
+    if replayed:
+        if as_json:
+            emit_json({"source": name, "replayed": True})
+            return
+        echo(
+            f"A secret was added to {name} under this key already and shown then; nothing "
+            "changed. Run without the key for another."
+        )
+        return
     if as_json:
         emit_json({"source": name} | ({"secret": secret} if generated else {}))
         return

@@ -18,11 +18,9 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from models import retry_safe
+from models import idempotency, retry_safe
 from models.access import Caller
 from models.broker.messages import IDEMPOTENCY_KEY_HEADER, OPERATOR_QUEUE, RELEASE_IDENTITY
-from models.errors import IdempotencyKeyReused
-from models.idempotency import checked_key, receipt_under_key
 from models.inbox import DeliveryStatus
 from models.reports import (
     Lineage,
@@ -43,7 +41,7 @@ from worker.cli import runtime as cli_runtime
 from worker.cli.deliveries import delivery_reason, print_deliveries
 from worker.cli.identities import describe_names
 from worker.cli.output import echo, emit_json, format_when, json_option, print_fields, print_table
-from worker.cli.params import checked_by, operator_or_os_user
+from worker.cli.params import checked_by, idempotency_key_option, operator_or_os_user
 from worker.cli.prompts import confirmed
 from worker.cli.runtime import CommandRuntime, NoAnswer, Refused, first_line, pass_runtime, redacted
 
@@ -257,12 +255,7 @@ def _task_of(session: Session, given: str, workspace_slug: str | None) -> Task:
     default=None,
     help="Workspace slug: where to look TASK's identifier up [every workspace].",
 )
-@click.option(
-    "--idempotency-key",
-    default=None,
-    callback=checked_by(checked_key),
-    help="A key to retry this archive under: run again with it, it archives once.",
-)
+@idempotency_key_option("A key to retry this archive under: run again with it, it archives once.")
 @json_option
 @pass_runtime
 def task_archive(
@@ -285,7 +278,7 @@ def task_archive(
             session=session,
             caller=OPERATOR,
             task_id=found.id,
-            retry=retry_safe.Retry.of(retry_safe.cli_actor(OPERATOR.name), idempotency_key),
+            retry=idempotency.Retry.of(idempotency.cli_actor(OPERATOR.name), idempotency_key),
         )
         step = session.get(WorkflowStep, archived.step_id)
         done = {
@@ -485,12 +478,9 @@ _reason = functools.partial(
     help="Who releases [the OS user].",
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@click.option(
-    "--idempotency-key",
-    default=None,
-    callback=checked_by(checked_key),
-    help="The key of an earlier run to finish: its release is answered, not made again "
-    "[a new key per run, printed when no answer comes].",
+@idempotency_key_option(
+    "The key of an earlier run to finish: its release is answered, not made again "
+    "[a new key per run, printed when no answer comes]."
 )
 @click.option(
     "--timeout",
@@ -522,7 +512,7 @@ def release(
     """
     found = _lineage(runtime, workspace_slug, external_id)
     if idempotency_key is not None and _answered_before(
-        runtime, found, operator, idempotency_key, as_json
+        runtime, found, operator, reason, idempotency_key, as_json
     ):
         return
     key = idempotency_key or uuid.uuid4().hex
@@ -587,19 +577,18 @@ def release(
 
 
 def _answered_before(
-    runtime: CommandRuntime, found: Lineage, operator: str, key: str, as_json: bool
+    runtime: CommandRuntime, found: Lineage, operator: str, reason: str, key: str, as_json: bool
 ) -> bool:
     """When ``key`` already released this identity (an earlier run whose
     answer was lost), say what that release did and return True. Refused when
-    the key was another request's."""
+    the key was another request's: another operator, identity or reason."""
+    retry = idempotency.Retry.of(idempotency.cli_actor(operator), key)
     with runtime.session() as session:
-        under_key = receipt_under_key(session=session, key=key)
-        if under_key is None:
+        receipt = retry_safe.released_under_key(
+            session, retry, found.workspace_id, found.external_id, reason
+        )
+        if receipt is None:
             return False
-        row, receipt = under_key
-        target = retry_safe.release_target(found.workspace_id, found.external_id)
-        if (row.actor, row.target) != (retry_safe.cli_actor(operator), target):
-            raise Refused(str(IdempotencyKeyReused(key)))
         reply = release_answer(session, receipt)
     if as_json:
         emit_json(reply | {"workspace": found.workspace})

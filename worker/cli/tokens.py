@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import click
 
+from models import idempotency
 from models.reports import get_workspace, list_workspaces
-from models.tokens import Role, checked_name, issue_token, list_tokens, revoke_token
+from models.tokens import (
+    Role,
+    checked_name,
+    issue_token,
+    list_tokens,
+    revoke_token,
+    token_in_scope,
+)
 from worker.cli.output import echo, emit_json, json_option, print_table
-from worker.cli.params import DATABASE_ID, checked_by
+from worker.cli.params import DATABASE_ID, checked_by, idempotency_key_option, os_user_actor
 from worker.cli.runtime import CommandRuntime, pass_runtime
 
 
@@ -103,14 +111,35 @@ def token_list(runtime: CommandRuntime, as_json: bool) -> None:
 
 @token.command("revoke")
 @click.argument("token_id", type=DATABASE_ID)
+@idempotency_key_option(
+    "A key to retry this revocation under: run again with it, it answers that revocation."
+)
 @json_option
 @pass_runtime
-def token_revoke(runtime: CommandRuntime, token_id: int, as_json: bool) -> None:
-    """Revoke token TOKEN_ID: it answers 401 from now on."""
+def token_revoke(
+    runtime: CommandRuntime, token_id: int, idempotency_key: str | None, as_json: bool
+) -> None:
+    """Revoke token TOKEN_ID: it answers 401 from now on. Revoking a revoked
+    token changes nothing."""
+    retry = idempotency.Retry.of(os_user_actor(), idempotency_key)
     with runtime.session() as session:
-        record = revoke_token(session=session, token_id=token_id)
-        summary = {"id": record.id, "name": record.name, "revoked_at": record.revoked_at}
+        _answer, replayed = idempotency.answered_once(
+            session,
+            retry,
+            action=idempotency.Action.REVOKE_TOKEN,
+            target=f"token {token_id}",
+            body={},
+            work=lambda: {"token": revoke_token(session=session, token_id=token_id).id},
+        )
+        record = token_in_scope(session=session, token_id=token_id)
+        summary = {
+            "id": record.id,
+            "name": record.name,
+            "revoked_at": record.revoked_at,
+            "replayed": replayed,
+        }
     if as_json:
         emit_json(summary)
         return
-    echo(f"Token {token_id} ({summary['name']}) is revoked.")
+    again = " (already, under this key)" if replayed else ""
+    echo(f"Token {token_id} ({summary['name']}) is revoked{again}.")

@@ -177,7 +177,7 @@ def test_rotating_a_secret_keeps_the_old_one_until_finish(store: Store):
     assert started.exit_code == 0
     assert "new-one" not in started.output
     assert sorted(during.secrets) == sorted([SECRET, "new-one"])
-    assert finished == {"source": "acme-github", "retired": 1}
+    assert finished == {"source": "acme-github", "retired": 1, "replayed": False}
     assert after.secrets == ("new-one",)
 
 

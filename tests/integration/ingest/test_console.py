@@ -664,9 +664,7 @@ def _backed_up(console: Console) -> None:
     with console.store.sessions() as session:
         source = dict(session.execute(select(WebhookSource.slug, WebhookSource.id)).all())
     now = utcnow()
-    a_backlog(
-        console.store, source["acme-github"], queued=2, received_at=now - timedelta(hours=3)
-    )
+    a_backlog(console.store, source["acme-github"], queued=2, received_at=now - timedelta(hours=3))
     a_backlog(console.store, source["acme-github"], processing=1, finished=4)
     a_backlog(
         console.store, source["globex-github"], queued=5, received_at=now - timedelta(hours=1)

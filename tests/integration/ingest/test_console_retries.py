@@ -140,3 +140,105 @@ def test_a_rotate_form_sent_twice_adds_one_secret_and_never_shows_it_again(
     assert again.status_code == 409 and secret not in again.text
     assert "secret already and showed it then" in again.text
     assert console.store.scalar("SELECT count(*) FROM source_secrets") == secrets_before + 1
+
+
+def test_a_bulk_replay_form_sent_twice_starts_one_run(console: Console) -> None:
+    deliveries = [console.deliver(number=n) for n in range(1, 3)]
+    console.kill(*deliveries)
+    csrf = console.sign_in("acme-operator")
+    dry = console.post("/console/replays/dry-run", csrf, status="dead")
+    form = {"status": "dead", "expected": "2", "name": "after the outage"}
+    form["idempotency_key"] = _form_key(dry.text, "run-replay")
+
+    first = console.post("/console/replays", csrf, **form)
+    console.kill(*deliveries)  # dead again: a second run would queue them again
+    again = console.post("/console/replays", csrf, **form)
+    other = console.post("/console/replays", csrf, **(form | {"name": "another run"}))
+
+    assert (first.status_code, again.status_code) == (303, 303)
+    assert console.store.scalar("SELECT count(*) FROM operations WHERE kind = 'bulk-replay'") == 1
+    assert [console.status_of(d) for d in deliveries] == ["dead", "dead"]  # not queued again
+    assert other.status_code == 409 and "first sent with a different request" in other.text
+
+
+def test_a_finish_rotation_form_sent_twice_retires_once(console: Console) -> None:
+    csrf = console.sign_in("acme-operator")
+    console.post("/console/sources/acme-github/rotate-secret", csrf)
+    page = console.client.get("/console/sources").text
+    key = _form_key(page, "finish-rotation", "class")
+    path = "/console/sources/acme-github/finish-rotation"
+    first = console.post(path, csrf, confirm="acme-github", idempotency_key=key)
+    retired = console.store.scalar(
+        "SELECT count(*) FROM source_secrets WHERE retired_at IS NOT NULL"
+    )
+    # A rotation begun since: the form sent again must not finish it too.
+    console.post("/console/sources/acme-github/rotate-secret", csrf)
+    again = console.post(path, csrf, confirm="acme-github", idempotency_key=key)
+
+    assert (first.status_code, again.status_code) == (303, 303)
+    assert first.headers["location"] == again.headers["location"]
+    assert retired == 1
+    assert (
+        console.store.scalar("SELECT count(*) FROM source_secrets WHERE retired_at IS NOT NULL")
+        == 1
+    )
+
+
+def test_a_revoke_form_sent_twice_revokes_once_and_never_past_the_callers_scope(
+    console: Console,
+) -> None:
+    csrf = console.sign_in("acme-operator")
+    member = console.store.scalar("SELECT id FROM api_tokens WHERE name = 'acme-member'")
+    key = _form_key(console.client.get("/console/tokens").text, "revoke", "class")
+    path = f"/console/tokens/{member}/revoke"
+
+    first = console.post(path, csrf, confirm="acme-member", idempotency_key=key)
+    again = console.post(path, csrf, confirm="acme-member", idempotency_key=key)
+    other = console.post(path, csrf, confirm="acme-memberx", idempotency_key=key)
+    with console.store.engine.begin() as connection:
+        connection.exec_driver_sql(
+            f"UPDATE api_token_workspaces SET workspace_id = {console.globex} "
+            f"WHERE token_id = {member}"
+        )
+    out_of_scope = console.post(path, csrf, confirm="acme-member", idempotency_key=key)
+
+    assert (first.status_code, again.status_code) == (303, 303)
+    assert again.headers["location"] == "/console/tokens?done=revoked"
+    assert other.status_code == 409
+    assert out_of_scope.status_code == 404  # as a fresh revoke of another workspace's token
+    assert console.store.scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL") == 1
+
+
+def test_an_undo_form_sent_twice_undoes_once(console: Console) -> None:
+    into, from_ = _task(console, "jira:K-6"), _task(console, "jira:K-7")
+    csrf = console.sign_in("acme-operator")
+    merged = console.post(
+        "/console/tasks/merge",
+        csrf,
+        workspace="acme",
+        external_id="jira:K-6",
+        into=str(into["id"]),
+        confirm=from_["identifier"],
+        reason="one item",
+        **{"from": from_["identifier"]},
+    )
+    assert merged.status_code == 200, merged.text
+    page = console.client.get("/console/tasks?workspace=acme&external_id=jira:K-6").text
+    merge_id = re.search(r'action="/console/merges/(\d+)/undo"', page).group(1)
+    form = {
+        "workspace": "acme",
+        "external_id": "jira:K-6",
+        "reason": "two items after all",
+        "idempotency_key": _form_key(page, f"/console/merges/{merge_id}/undo", "action"),
+    }
+    first = console.post(f"/console/merges/{merge_id}/undo", csrf, **form)
+    again = console.post(f"/console/merges/{merge_id}/undo", csrf, **form)
+    fresh = console.post(
+        f"/console/merges/{merge_id}/undo", csrf, **(form | {"idempotency_key": ""})
+    )
+
+    assert (first.status_code, again.status_code) == (200, 200), again.text
+    assert _notice(first.text) == _notice(again.text)
+    assert _notice(first.text).startswith("Undone")
+    assert fresh.status_code == 409  # undone already: a new request is refused
+    assert "was undone already" in fresh.text
