@@ -12,14 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from models import idempotency, retry_safe
+from models import idempotency, merges, retry_safe
 from models.access import Caller
 from models.db import session_scope
 from models.errors import (
     IdempotencyKeyReused,
     InvalidIdempotencyKey,
+    MergeRefused,
     StaleRevision,
     TaskNotFound,
 )
@@ -30,8 +31,11 @@ from models.idempotency import (
     run_once,
     task_revision,
 )
+from models.inbox import DeliveryStatus
+from models.operations import DeliveryFilter, bulk_replay, started_under_key
 from models.tables import IdempotencyKey, TaskEvent, utcnow
 from models.tasks import NewTask, create_task, get_task
+from tests.support.scenarios import a_delivery, a_source, settle_as
 from tests.support.stores import Store
 
 OPERATOR = Caller.trusted("ops")
@@ -262,3 +266,116 @@ def test_two_concurrent_retries_make_one_change(store: Store):
     assert replayed == [False, True]
     assert _events(store, "task.deleted") == 1
     assert store.scalar("SELECT count(*) FROM task_deletions") == 1
+
+
+# --- the changes whose receipt is their answer ---------------------------------------------
+
+
+def _concurrently(change) -> list[bool]:
+    """``change()`` on two threads at once; whether each was a retry."""
+    start = threading.Barrier(2, timeout=30)
+
+    def run() -> bool:
+        start.wait()
+        return change()
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run), pool.submit(run)]
+        return sorted(future.result(timeout=60) for future in futures)
+
+
+def test_two_concurrent_unmerges_under_one_key_undo_once(store: Store):
+    workspace = store.workspace()
+    into, from_ = (_task(store, workspace.id, f"jira:U-{n}") for n in (1, 2))
+    with session_scope(store.sessions) as session:
+        merge_id = merges.merge(
+            session=session,
+            caller=OPERATOR,
+            into_task_id=into,
+            from_task_id=from_,
+            operator="ana",
+            reason="one item",
+        ).id
+
+    def unmerge_once() -> bool:
+        with session_scope(store.sessions) as session:
+            return retry_safe.unmerge(
+                session=session,
+                caller=OPERATOR,
+                merge_id=merge_id,
+                operator="ana",
+                reason="two items",
+                retry=_retry("k-undo"),
+            )[1]
+
+    assert _concurrently(unmerge_once) == [False, True]
+    assert store.scalar("SELECT count(*) FROM identity_merges WHERE undone_at IS NOT NULL") == 1
+    # Without the key a second undo is refused: the key is what made the retry safe.
+    with pytest.raises(MergeRefused), session_scope(store.sessions) as session:
+        retry_safe.unmerge(
+            session=session, caller=OPERATOR, merge_id=merge_id, operator="ana", reason="again"
+        )
+
+
+def test_two_concurrent_bulk_replays_under_one_key_start_one_run(store: Store):
+    source_id = a_source(store, store.workspace().id)
+    keys = [a_delivery(store, source_id, f"d-{n}") for n in range(3)]
+    for key in keys:
+        settle_as(store, key, DeliveryStatus.DEAD, error="database went away")
+    sent: list[int] = []
+
+    def bulk_once() -> int:
+        return bulk_replay(
+            sessions=store.sessions,
+            filter=DeliveryFilter(status="dead"),
+            name="after the outage",
+            operator="ana",
+            expected=3,
+            send=sent.extend,
+            retry=_retry("k-bulk", actor="cli:ana"),
+        ).id
+
+    ids = _concurrently(bulk_once)
+    assert ids[0] == ids[1]
+    assert store.scalar("SELECT count(*) FROM operations WHERE kind = 'bulk-replay'") == 1
+    assert sorted(sent) == sorted(keys)  # each sent once, by the run that started
+    with store.sessions() as session:
+        again = started_under_key(
+            session=session,
+            retry=_retry("k-bulk", actor="cli:ana"),
+            filter=DeliveryFilter(status="dead"),
+            name="after the outage",
+            expected=3,
+        )
+        with pytest.raises(IdempotencyKeyReused):
+            started_under_key(
+                session=session,
+                retry=_retry("k-bulk", actor="cli:ana"),
+                filter=DeliveryFilter(status="dead"),
+                name="another run",
+                expected=3,
+            )
+    assert again is not None and again.id == ids[0] and again.done == 3
+
+
+def test_an_answered_change_past_its_window_runs_again(store: Store):
+    answers = []
+
+    def answered() -> tuple[dict, bool]:
+        with session_scope(store.sessions) as session:
+            return idempotency.answered_once(
+                session,
+                _retry("k-old"),
+                action=idempotency.Action.REVOKE_TOKEN,
+                target="token 1",
+                body={},
+                work=lambda: answers.append(1) or {"n": len(answers)},
+            )
+
+    first, again = answered(), answered()
+    with store.engine.begin() as connection:
+        connection.execute(
+            update(IdempotencyKey).values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+    later = answered()
+    assert (first, again, later) == (({"n": 1}, False), ({"n": 1}, True), ({"n": 2}, False))
