@@ -14,52 +14,33 @@ is that case.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from bench import report
 from bench.drains import end_to_end_rig
-from bench.processes import free_port
+from bench.fakes.otlp import otlp_receiver
 from models.settings import Settings
 
 
 class SpanSink:
-    """An OTLP/HTTP receiver that counts the bytes and requests it gets."""
+    """What the OTLP/HTTP receiver got: requests and bytes, counted."""
 
     def __init__(self) -> None:
         self.requests = 0
         self.bytes = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""
+
+    def export(self, body: bytes) -> None:
+        self.bytes += len(body)
+        self.requests += 1
 
 
 @contextlib.contextmanager
 def span_sink() -> Iterator[SpanSink]:
     sink = SpanSink()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            sink.bytes += len(self.rfile.read(int(self.headers["Content-Length"])))
-            sink.requests += 1
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", sink.port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with otlp_receiver(sink.export) as sink.url:
         yield sink
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def tracing(bench: Any) -> dict[str, Any]:

@@ -6,20 +6,19 @@ sweeper's resend of a delivery is a new trace linked back to the first
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from bench.fakes.otlp import otlp_receiver
 from models.db import session_scope
 from models.sources import add_source
 from models.workspaces import create_workspace
 from tests.support.deliveries import fixture, github_headers
-from tests.support.processes import Ingress, StartWorker, finished, free_port, wait_until
+from tests.support.processes import Ingress, StartWorker, finished, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -54,48 +53,32 @@ class Receiver:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    port = free_port()
-    received = Receiver(f"http://127.0.0.1:{port}")
+    received = Receiver("")
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            request = ExportTraceServiceRequest.FromString(body)
-            for resource_spans in request.resource_spans:
-                service = next(
-                    attribute.value.string_value
-                    for attribute in resource_spans.resource.attributes
-                    if attribute.key == "service.name"
-                )
-                for scope in resource_spans.scope_spans:
-                    for span in scope.spans:
-                        received.spans.append(
-                            Span(
-                                service,
-                                span.trace_id.hex(),
-                                span.span_id.hex(),
-                                span.parent_span_id.hex(),
-                                span.name,
-                                {a.key: a.value for a in span.attributes},
-                                [link.trace_id.hex() for link in span.links],
-                            )
+    def export(body: bytes) -> None:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            service = next(
+                attribute.value.string_value
+                for attribute in resource_spans.resource.attributes
+                if attribute.key == "service.name"
+            )
+            for scope in resource_spans.scope_spans:
+                for span in scope.spans:
+                    received.spans.append(
+                        Span(
+                            service,
+                            span.trace_id.hex(),
+                            span.span_id.hex(),
+                            span.parent_span_id.hex(),
+                            span.name,
+                            {a.key: a.value for a in span.attributes},
+                            [link.trace_id.hex() for link in span.links],
                         )
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+                    )
 
-        def log_message(self, *_args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with otlp_receiver(export) as received.url:
         yield received
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def traced(receiver: Receiver) -> dict[str, str]:
