@@ -241,7 +241,8 @@ DEFAULT = Sizes(
     latency_ramp_start=25,
     latency_ramp_max=3200,
     latency_ramp_seconds=5,
-    latency_ramp_precision=1.2,
+    # Each side's rate within 5 %: the ratio of the two within about 10 %.
+    latency_ramp_precision=1.05,
     streams_open=1000,
     streams_seconds=8,
     streams_rounds=3,

@@ -195,6 +195,10 @@ def test_latency(tmp_path: Path) -> None:
     # taskhook's rows split the time at the claim.
     for one in result["runs"]["taskhook"].values():
         assert set(one["stages"]) == {"received_to_claimed", "claimed_to_settled"}
+    # The machine's speed that day, and each goal against the stock stack's same run.
+    assert result["machine_speed"]["noop_drain_per_s"] > 0
+    assert len(result["highest_flat_rate"]["ratio_bounds"]) == 2
+    assert "p99 at 100/s at most the stock stack's + 5 ms" in result["goals"]
 
 
 def test_streams(tmp_path: Path) -> None:
