@@ -214,6 +214,7 @@ class Relay:
         batch_size: int = 100,
         linger: float = 0.02,
         quiet: float = 0.005,
+        lull: float = 0.002,
         on_dropped: Callable[[int], None] = lambda count: None,
         on_published: Callable[[int], None] = lambda count: None,
     ) -> None:
@@ -222,6 +223,11 @@ class Relay:
         self._batch_size = batch_size
         self._linger = linger
         self._quiet = quiet
+        self._lull = lull
+        #: When the last key came, and how long before it came the one
+        #: before -- for a batch's first key: whether it came after a lull.
+        self._last_arrival = 0.0
+        self._first_gap = float("inf")
         #: What the last publish said: the workers are behind.
         self._workers_behind = False
         self._on_dropped = on_dropped
@@ -255,6 +261,10 @@ class Relay:
                 self._keys.append((key, lane))
                 self._live_pending += lane is Lane.LIVE
                 first = len(self._keys) == 1
+                now = time.monotonic()
+                if first:
+                    self._first_gap = now - self._last_arrival
+                self._last_arrival = now
         if full:
             self._on_dropped(1)
         elif first:
@@ -286,20 +296,28 @@ class Relay:
 
     def _linger_while_keys_arrive(self) -> None:
         """Wait for more keys while they keep coming: until ``quiet`` passes
-        without a new one, ``linger`` in all, or a full batch.
+        without a new one, ``linger`` in all, or a full batch -- but only
+        when there is a queue.
 
         A publish has a fixed cost (a pipeline, a producer) and so has each
         message at the worker, which a batch of one pays alone: under a burst
         the keys share them. But every key waits here for the worker to start
-        on it, so a lull ends the wait at once: at a hundred deliveries a
-        second a fixed 20 ms linger was the largest part of a delivery's
-        latency after its answer (docs/performance.md, "Latency"). While the
-        last publish found the workers behind, it lingers its whole time.
+        on it. So a key that came after a ``lull`` (none came in the ``lull``
+        before it) and finds the workers keeping up goes at once: waiting even
+        5 ms for more was most of a delivery's latency at a hundred a second
+        (docs/performance.md, "Latency"). Keys that come closer together than
+        that are a burst, and share a batch while they keep coming; a lull
+        ends the wait. While the last publish found the workers behind, it
+        lingers its whole time.
 
         A live key does not wait for a flood: a flood's keys arrive without a
         lull, so once the batch holds live keys, a quiet spell without a new
         live key ends the wait, however many background keys come meanwhile.
         """
+        with self._lock:
+            after_a_lull = self._first_gap >= self._lull
+        if after_a_lull and not self._workers_behind:
+            return
         deadline = time.monotonic() + self._linger
         # Behind, the workers would not start on these keys any sooner: fill
         # the batch, as many keys a message as the linger gathers.

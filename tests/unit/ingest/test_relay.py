@@ -231,10 +231,28 @@ def test_a_lull_ends_the_linger_at_once() -> None:
         relay.stop()
 
 
-def test_keys_that_keep_arriving_keep_the_batch_open() -> None:
-    # A key every 10 ms against a 100 ms quiet: one batch, until the linger ends it.
+def test_a_key_after_a_lull_goes_at_once_while_the_workers_keep_up() -> None:
+    # A long linger and a long quiet: a key that came after a lull waits for neither.
     publish = _Recorder()
-    relay = Relay(publish, linger=0.5, quiet=0.1)
+    relay = Relay(publish, linger=5.0, quiet=1.0, lull=0.002)
+    relay.start()
+    try:
+        time.sleep(0.01)
+        started = time.monotonic()
+        relay.submit(1)
+        assert publish.published.wait(2.0)
+        assert time.monotonic() - started < 0.5
+        assert publish.batches == [[1]]
+    finally:
+        relay.stop()
+
+
+def test_keys_that_keep_arriving_keep_the_batch_open() -> None:
+    # A key every 10 ms, closer than the 50 ms lull: a burst. The first came
+    # after a lull and goes at once; the others, against a 100 ms quiet, share
+    # one batch until the linger ends it.
+    publish = _Recorder()
+    relay = Relay(publish, linger=0.5, quiet=0.1, lull=0.05)
     relay.start()
     try:
         for key in range(10):
@@ -242,7 +260,7 @@ def test_keys_that_keep_arriving_keep_the_batch_open() -> None:
             time.sleep(0.01)
         assert publish.published.wait(2.0)
         relay.stop()
-        assert publish.batches[0] == list(range(10))
+        assert publish.batches[:2] == [[0], list(range(1, 10))]
     finally:
         relay.stop()
 
