@@ -231,6 +231,29 @@ def test_a_release_retried_after_the_identity_was_claimed_again_replays(store: S
         _release(store, workspace.id, "jira:R-1", expected_task_id=second)
 
 
+def test_a_release_retried_after_its_name_became_an_alias_replays(store: Store):
+    # Released; then a new task claims the name and is merged into another,
+    # so the name is that task's alias now. The retry still replays the
+    # first release and frees nothing.
+    workspace = store.workspace()
+    first = _task(store, workspace.id, "jira:M-1")
+    assert _release(store, workspace.id, "jira:M-1", expected_task_id=first).replayed is False
+    claimed, keeper = _task(store, workspace.id, "jira:M-1"), _task(store, workspace.id, "jira:N-1")
+    with session_scope(store.sessions) as session:
+        merges.merge(
+            session=session,
+            caller=OPERATOR,
+            into_task_id=keeper,
+            from_task_id=claimed,
+            operator="ana",
+            reason="one item",
+        )
+    again = _release(store, workspace.id, "jira:M-1", expected_task_id=first)
+    assert again.replayed and again.task_id == first
+    assert _events(store, "task.identity_released") == 1
+    assert store.scalar("SELECT count(*) FROM identity_merges WHERE undone_at IS NULL") == 1
+
+
 def test_a_lost_answer_is_replayed_and_its_event_is_on_the_stream_once(store: Store):
     workspace = store.workspace()
     task_id = _task(store, workspace.id, "jira:L-1")
