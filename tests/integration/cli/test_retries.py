@@ -117,16 +117,21 @@ def test_the_worker_releases_once_for_one_message_sent_twice(store: Store):
     assert store.scalar(RELEASED) == 1
 
 
-def test_an_archive_key_is_one_tasks(store: Store):
+def _tasks(store: Store, *external_ids: str) -> None:
+    """A task for each external id in the workspace acme: ACME-1, ACME-2 ..."""
     acme = store.workspace()
     with session_scope(store.sessions) as session:
-        for external_id in ("jira:A-1", "jira:A-2"):
+        for external_id in external_ids:
             create_task(
                 session=session,
                 caller=TRUSTED,
                 workspace_id=acme.id,
-                new=NewTask(title="Archive me", external_id=external_id),
+                new=NewTask(title="One item", external_id=external_id),
             )
+
+
+def test_an_archive_key_is_one_tasks(store: Store):
+    _tasks(store, "jira:A-1", "jira:A-2")
     first = taskhook(store, "task", "archive", "ACME-1", "--idempotency-key", "k-3")
     again = taskhook(store, "task", "archive", "ACME-1", "--idempotency-key", "k-3")
     assert (first.exit_code, again.exit_code) == (0, 0), again.output
@@ -137,15 +142,7 @@ def test_an_archive_key_is_one_tasks(store: Store):
 
 
 def test_a_merge_run_again_under_its_key_answers_that_merge(store: Store):
-    acme = store.workspace()
-    with session_scope(store.sessions) as session:
-        for external_id in ("jira:OPS-7", "jira:OPS2-7", "jira:OPS3-7"):
-            create_task(
-                session=session,
-                caller=TRUSTED,
-                workspace_id=acme.id,
-                new=NewTask(title="One item", external_id=external_id),
-            )
+    _tasks(store, "jira:OPS-7", "jira:OPS2-7", "jira:OPS3-7")
     merge = ("identities", "merge", "--into", "ACME-1", "--operator", "ana", "--yes")
     keyed = ("--reason", "site migration", "--idempotency-key", "k-merge-1")
     first = taskhook(store, *merge, "--from", "ACME-2", *keyed)
@@ -226,15 +223,7 @@ def test_a_bulk_replay_run_again_under_its_key_answers_that_run(store: Store, ce
 
 
 def test_an_unmerge_run_again_under_its_key_answers_that_undo(store: Store):
-    acme = store.workspace()
-    with session_scope(store.sessions) as session:
-        for external_id in ("jira:OPS-8", "jira:OPS2-8"):
-            create_task(
-                session=session,
-                caller=TRUSTED,
-                workspace_id=acme.id,
-                new=NewTask(title="One item", external_id=external_id),
-            )
+    _tasks(store, "jira:OPS-8", "jira:OPS2-8")
     merged = taskhook(
         store,
         "identities",
