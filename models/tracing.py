@@ -45,10 +45,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 #: The message header that carries each key's context: ``{"<pk>": traceparent}``.
 TRACES_HEADER = "taskhook_traces"
 
-#: Who sent a message that carries no context of the delivery's first trace
-#: (``sweeper``, ``replay``, ``catch-up``): the new trace's ``taskhook.sent_by``.
-SENT_BY_HEADER = "taskhook_sent_by"
-
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 #: Whether this process traces: set by :func:`start`.

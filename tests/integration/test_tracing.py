@@ -17,12 +17,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from sqlalchemy import update
 
+from bench.fakes.github_api import FakeGitHub
 from models import logs, tracing
+from models.catchup import set_log_access
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Delivery
+from tests.support.deliveries import fixture
 from tests.support.ingress import Ingress, open_ingress, wait_until
 from tests.support.runs import SETTINGS, run
+from tests.support.scenarios import a_source
 from tests.support.stores import Store
+from worker.catchup.service import catch_up_github
 from worker.processing import process_delivery
 
 
@@ -176,3 +181,53 @@ def test_a_json_line_inside_a_run_carries_its_trace_and_span(spans):
     assert inside["trace_id"] == format(outer.get_span_context().trace_id, "032x")
     assert inside["span_id"] == format(outer.get_span_context().span_id, "016x")
     assert "trace_id" not in outside
+
+
+def test_a_catch_up_stores_under_its_own_trace_and_the_run_links_to_it(store: Store, spans):
+    """The catch-up's task span (the Celery instrumentation's, here one of
+    ours) holds its requests to GitHub -- the listing, and each delivery's,
+    read ahead on a thread of its own -- and the rows it stores; the
+    worker's run of such a row is a new trace linked to it."""
+    token = "ghp_traced_catch_up"
+    with FakeGitHub(token=token) as github:
+        a_source(store, store.workspace().id)
+        with session_scope(store.sessions) as session:
+            set_log_access(
+                session=session,
+                slug="acme-github",
+                target="repos/acme/widgets",
+                hook_id="123",
+                token=token,
+                api_base_url=github.base_url,
+            )
+        github.log_delivery(
+            hook="repos/acme/widgets/hooks/123",
+            guid="00000000-0000-4000-8000-000000000001",
+            event="issues",
+            action="opened",
+            payload=json.loads(fixture("github", "issues__opened")),
+            status_code=502,
+        )
+        sent: list[int] = []
+        with tracing.span("run/taskhook.catch_up") as catch_up:
+            catch_up_github(sessions=store.sessions, slug="acme-github", send=sent.extend)
+
+    catch_up_trace = catch_up.get_span_context().trace_id
+    requests = [
+        s
+        for s in spans.get_finished_spans()
+        if s.kind == SpanKind.CLIENT and {"http.url", "url.full"} & set(s.attributes)
+    ]
+    assert requests and {s.context.trace_id for s in requests} == {catch_up_trace}
+    (pk,) = sent
+    with session_scope(store.sessions) as session:
+        stored = session.get(Delivery, pk).trace_context
+    assert int(stored.split("-")[1], 16) == catch_up_trace
+
+    run_message(store, pk, Context(delivery_info={}, retries=0))  # the catch-up's send
+
+    (process,) = by_name(spans, "process delivery")
+    assert process.context.trace_id != catch_up_trace and process.parent is None
+    (link,) = process.links
+    assert link.context.trace_id == catch_up_trace
+    assert process.attributes["taskhook.outcome"] == "created"

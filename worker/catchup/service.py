@@ -37,6 +37,7 @@ a release.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import hashlib
 import json
@@ -559,7 +560,10 @@ def _read_ahead(
             except queue.Full:
                 continue
 
-    thread = threading.Thread(target=reader, name="catch-up-read-ahead", daemon=True)
+    # The caller's context goes with it: its requests are spans of the
+    # catch-up's trace, and its log lines carry the run's ids.
+    in_context = functools.partial(contextvars.copy_context().run, reader)
+    thread = threading.Thread(target=in_context, name="catch-up-read-ahead", daemon=True)
     thread.start()
     try:
         while (item := ready.get()) is not end:
