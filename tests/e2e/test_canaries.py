@@ -220,8 +220,9 @@ class Session:
     def env(self, **extra: str) -> dict[str, str]:
         return worker_environment(self.postgres_url, self.broker_url, **extra)
 
-    def start(self, name: str, args: list[str]) -> WorkerProcess:
-        process = WorkerProcess(name, self.folder / f"{name}.log", args, self.env())
+    def start(self, name: str, args: list[str], *, log_format: str = "text") -> WorkerProcess:
+        environment = self.env(TASKHOOK_LOG_FORMAT=log_format)
+        process = WorkerProcess(name, self.folder / f"{name}.log", args, environment)
         self.processes.append(process)
         return process
 
@@ -258,7 +259,10 @@ class Session:
         done = subprocess.run(
             [sys.executable, "-c", debug, *args],
             cwd=ROOT,
-            env=self.env(TASKHOOK_PUBLIC_URL="https://hooks.example.com"),
+            # Text from basicConfig and JSON from the CLI's own handler: both formats.
+            env=self.env(
+                TASKHOOK_PUBLIC_URL="https://hooks.example.com", TASKHOOK_LOG_FORMAT="json"
+            ),
             input=stdin,
             stdin=None if stdin is not None else subprocess.DEVNULL,
             capture_output=True,
@@ -313,13 +317,17 @@ def _exercise(run: Session, provider: EchoingProvider, slow: EchoingProvider) ->
     port = free_port()
     run.ingress_url = f"http://127.0.0.1:{port}"
     server = "-m ingest.server --host 127.0.0.1 --log-level debug --port"
-    ingress = run.start("ingress", [sys.executable, *server.split(), str(port)])
+    # JSON lines carry everything a text line does and the fields passed as
+    # ``extra`` besides: the ingress and the worker (which holds the catch-up's
+    # credentials) write them, beat writes text, the CLI both.
+    ingress = run.start("ingress", [sys.executable, *server.split(), str(port)], log_format="json")
     queues = ",".join((*DELIVERY_QUEUES, OPERATOR_QUEUE))
     name = f"canaries-{uuid.uuid4().hex[:6]}@%h"
     celery = "-m celery -A worker"
     worker = run.start(
         "worker",
         [sys.executable, *celery.split(), "worker", "-Q", queues, "-n", name, "-l", "DEBUG"],
+        log_format="json",
     )
     schedule = str(run.folder / "beat-schedule")
     beat = run.start(
@@ -652,6 +660,15 @@ def test_the_session_exercised_every_path(outsider: Seen):
     statuses = " ".join(where for where, _ in outsider.texts)
     assert "github webhook -> 202" in statuses and "jira webhook -> 202" in statuses
     assert "console sign-in -> 200" in statuses or "console sign-in -> 303" in statuses
+
+
+def test_the_logs_were_searched_in_both_formats(outsider: Seen):
+    """The ingress's and the worker's logs were JSON lines at DEBUG, beat's text."""
+    logs = {where.removeprefix("log of "): text for where, text in outsider.texts}
+    for name in ("ingress", "worker"):
+        lines = [json.loads(line) for line in logs[name].splitlines() if line.startswith("{")]
+        assert len(lines) > 20 and {"DEBUG", "INFO"} <= {line["level"] for line in lines}, name
+    assert not logs["beat"].lstrip().startswith("{") and "beat: Starting..." in logs["beat"]
 
 
 def assert_unseen(outsider: Seen, kind: str) -> None:
