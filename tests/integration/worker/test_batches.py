@@ -10,7 +10,11 @@ alone, and the answers are the same.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 from sqlalchemy import event, false, true, update
@@ -384,3 +388,34 @@ def test_an_error_in_one_keys_claim_holds_up_no_other_key(
     assert delivery(store.sessions, fine).outcome == "created"
     assert delivery(store.sessions, broken).status == "queued"
     assert [t.created_by_delivery for t in tasks_of(store.sessions, feed.workspace_id)] == [fine]
+
+
+def at_once(store: Store, start: threading.Barrier, keys: list[int]) -> list:
+    start.wait()
+    return run_message(store, keys)
+
+
+def test_two_messages_sharing_keys_at_once_each_create_once(
+    store: Store, caplog: pytest.LogCaptureFixture
+):
+    """A message and another holding the same keys in the opposite order (a
+    resend, a redelivery) run at once: each key is created once, and where
+    the keys share their transactions the groups queue on the store's locks
+    instead of failing over to one key at a time."""
+    feed = make_feed(store.sessions)
+    caplog.set_level(logging.INFO, logger="worker.processing")
+    for round_ in range(5):
+        pks = [store_github_issue(store.sessions, feed, 10 * round_ + n) for n in range(1, 7)]
+        start = threading.Barrier(2)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            answers = list(pool.map(partial(at_once, store, start), [pks, pks[::-1]]))
+
+        for processed in answers[0] + answers[1]:
+            assert isinstance(processed, Processed), processed
+        created = [p for p in answers[0] + answers[1] if p.outcome == "created"]
+        assert sorted(p.delivery_pk for p in created) == sorted(pks)
+    tasks = tasks_of(store.sessions, feed.workspace_id)
+    assert len(tasks) == 30
+    assert_created_and_settled(store, feed, [t.created_by_delivery for t in tasks])
+    fell_back = [r.getMessage() for r in caplog.records if "one at a time" in r.getMessage()]
+    assert fell_back == []
