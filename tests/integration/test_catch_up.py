@@ -22,7 +22,7 @@ from models.tables import CatchUpRun, CatchUpSource, Delivery, Workspace, utcnow
 from tests.support.deliveries import FIXTURES
 from tests.support.feeds import tasks_of
 from tests.support.runs import run
-from tests.support.scenarios import a_source
+from tests.support.scenarios import a_source, reading_the_github_log
 from tests.support.stores import Store
 from worker.catchup.github_log import ApiUnavailable, BadCredentials, DeliveryLog, RateLimited
 from worker.catchup.service import catch_up_github
@@ -49,15 +49,7 @@ def github():
 def source(store: Store, github: FakeGitHub) -> str:
     workspace = store.workspace()
     a_source(store, workspace.id)
-    with session_scope(store.sessions) as session:
-        set_log_access(
-            session=session,
-            slug="acme-github",
-            target="repos/acme/widgets",
-            hook_id="123",
-            token=TOKEN,
-            api_base_url=github.base_url,
-        )
+    reading_the_github_log(store.sessions, github.base_url, TOKEN)
     return "acme-github"
 
 

@@ -19,13 +19,12 @@ from sqlalchemy import update
 
 from bench.fakes.github_api import FakeGitHub
 from models import logs, tracing
-from models.catchup import set_log_access
 from models.db import make_engine, make_session_factory, session_scope
 from models.tables import Delivery
 from tests.support.deliveries import fixture
 from tests.support.ingress import Ingress, open_ingress, wait_until
 from tests.support.runs import SETTINGS, run
-from tests.support.scenarios import a_source
+from tests.support.scenarios import a_source, reading_the_github_log
 from tests.support.stores import Store
 from worker.catchup.service import catch_up_github
 from worker.processing import process_delivery
@@ -191,15 +190,7 @@ def test_a_catch_up_stores_under_its_own_trace_and_the_run_links_to_it(store: St
     token = "ghp_traced_catch_up"
     with FakeGitHub(token=token) as github:
         a_source(store, store.workspace().id)
-        with session_scope(store.sessions) as session:
-            set_log_access(
-                session=session,
-                slug="acme-github",
-                target="repos/acme/widgets",
-                hook_id="123",
-                token=token,
-                api_base_url=github.base_url,
-            )
+        reading_the_github_log(store.sessions, github.base_url, token)
         github.log_delivery(
             hook="repos/acme/widgets/hooks/123",
             guid="00000000-0000-4000-8000-000000000001",

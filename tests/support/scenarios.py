@@ -11,6 +11,7 @@ from datetime import datetime
 import pytest
 from sqlalchemy import update
 
+from models.catchup import set_log_access
 from models.db import session_scope
 from models.inbox import (
     DeliveryStatus,
@@ -46,6 +47,22 @@ def a_source(store: Store, workspace_id: int, slug: str = "acme-github") -> int:
             secret=SECRET,
             create_events=["issues.opened"],
         ).id
+
+
+def reading_the_github_log(
+    sessions, api_base_url: str, token: str, slug: str = "acme-github", hook_id: str = "123"
+) -> None:
+    """Source ``slug``'s catch-up reads hook ``hook_id`` of ``acme/widgets``
+    on the GitHub at ``api_base_url`` (a fake's) with ``token``."""
+    with session_scope(sessions) as session:
+        set_log_access(
+            session=session,
+            slug=slug,
+            target="repos/acme/widgets",
+            hook_id=hook_id,
+            token=token,
+            api_base_url=api_base_url,
+        )
 
 
 def a_delivery(

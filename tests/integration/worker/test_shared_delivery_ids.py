@@ -14,8 +14,6 @@ import pytest
 from sqlalchemy import select
 
 from bench.fakes.github_api import FakeGitHub
-from models.catchup import set_log_access
-from models.db import session_scope
 from models.tables import Delivery, Task
 from tests.support.deliveries import (
     FIXTURES,
@@ -26,6 +24,7 @@ from tests.support.deliveries import (
 )
 from tests.support.ingress import GITHUB_SECRET, GITLAB_TOKEN, Ingress, open_ingress, wait_until
 from tests.support.runs import run
+from tests.support.scenarios import reading_the_github_log
 from tests.support.stores import Store
 from worker.catchup.github_log import DeliveryLog
 from worker.catchup.service import catch_up_github
@@ -156,15 +155,7 @@ OPENED = json.loads((FIXTURES / "github" / "issues__opened.json").read_text())
 @pytest.fixture
 def github(ingress: Ingress) -> Iterator[FakeGitHub]:
     with FakeGitHub(token=TOKEN) as fake:
-        with session_scope(ingress.store.sessions) as session:
-            set_log_access(
-                session=session,
-                slug="acme-github",
-                target="repos/acme/widgets",
-                hook_id="123",
-                token=TOKEN,
-                api_base_url=fake.base_url,
-            )
+        reading_the_github_log(ingress.store.sessions, fake.base_url, TOKEN)
         fake.log_delivery(
             hook=HOOK, guid=GUID, event="issues", action="opened", payload=OPENED, status_code=502
         )
