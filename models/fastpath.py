@@ -26,8 +26,11 @@ runs between its lookup and its insert, as nothing does inside PostgreSQL's
 one statement. What it saves is half the general path's commits (each an
 fsync under ``synchronous=FULL``) and its reads through the ORM: the general
 path runs ~14 statements in 4 transactions.
-On SQLite the keys of one worker message can also share the two
-transactions: two commits for the message rather than two per key.
+The keys of one worker message can also share the two transactions: two
+commits for the message rather than two per key. On PostgreSQL each group
+is one simple query the server reads whole before it runs any of it, so no
+group's transaction ever waits on its worker (:class:`FastPath` says why
+that matters).
 
 Why it exists, what it hands back to the general path and when:
 docs/architecture.md, "The fast path".
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +50,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors
+from psycopg import sql as psycopg_sql
 from sqlalchemy import (
     Connection,
     Engine,
@@ -137,6 +143,60 @@ class _Statement:
         """Run it with ``values``; its one row, or None."""
         with psycopg.RawCursor(connection) as cursor:
             return cursor.execute(self.text, self.params(**values)).fetchone()
+
+    @functools.cached_property
+    def name(self) -> str:
+        """Its name as a prepared statement: from its text, so a statement
+        that changes is prepared anew rather than run as it was."""
+        return "taskhook_" + hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    def execute(self, connection: psycopg.Connection, **values: object) -> str:
+        """``EXECUTE`` of it with ``values`` written as literals, to be sent in
+        a simple query with others (:func:`_run_together`)."""
+        literals = psycopg_sql.SQL(", ").join(map(psycopg_sql.Literal, self.params(**values)))
+        return f"EXECUTE {self.name}({literals.as_string(connection)})"
+
+
+#: The statements each connection has prepared (``PREPARE``), by name.
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _run_together(
+    connection: psycopg.Connection, statements: Sequence[_Statement], text: list[str]
+) -> list[tuple | None]:
+    """``text``, a list of statements, as one simple query: PostgreSQL reads
+    the whole message before it runs any of it and runs it as one implicit
+    transaction, committed at its end or, at any error, rolled back whole
+    (and the error raised). ``statements`` are the ones ``text`` executes,
+    prepared here first where the connection has not yet. The first row of
+    each statement's result, in order."""
+    prepared = _prepared.setdefault(connection, set())
+    with psycopg.RawCursor(connection) as cursor:
+        for statement in statements:
+            if statement.name not in prepared:
+                cursor.execute(f"PREPARE {statement.name} AS {statement.text}")
+                prepared.add(statement.name)
+        try:
+            cursor.execute(";\n".join(text))
+        except errors.InvalidSqlStatementName:
+            # The session forgot them (a DISCARD ALL): nothing ran; the next
+            # group prepares them again.
+            prepared.clear()
+            raise
+        rows = [cursor.fetchone()]
+        while cursor.nextset():
+            rows.append(cursor.fetchone())
+    return rows
+
+
+def _lock_deliveries(delivery_pks: Sequence[int]) -> str:
+    """Lock a group's rows in key order before any of its statements runs:
+    two groups sharing keys (a resend, a redelivery) then queue on their
+    first shared row, holding nothing the other waits for, instead of one
+    taking its first key and the workspace's row while the other takes its
+    second (a deadlock)."""
+    keys = ", ".join(str(int(pk)) for pk in sorted(set(delivery_pks)))
+    return f"SELECT id FROM deliveries WHERE id IN ({keys}) ORDER BY id FOR NO KEY UPDATE"
 
 
 def _parameter(name: str, type_=None):
@@ -402,11 +462,20 @@ class Settlement(enum.Enum):
 class FastPath:
     """The two statements on one psycopg connection in autocommit mode.
 
-    One key at a time, unlike :class:`SQLiteFastPath`: the server runs the
-    commits of different connections at once and groups their WAL flushes
-    itself, while a transaction shared by several keys would hold each
-    workspace's identifier row lock across the message, and could deadlock
-    against the sweeper's resend of one of its keys."""
+    The keys of one message may share the two transactions, as on SQLite
+    (:meth:`claim_and_insert_many`, :meth:`settle_and_finish_many`): every
+    create in a workspace updates its row (the identifier) and holds it to
+    its commit, so one key a transaction queues each create behind the one
+    before's WAL flush, while a group flushes once. Each group is one simple
+    query -- its rows locked in key order, then each key's statement, run by
+    ``EXECUTE`` of the statement a key alone runs, prepared once a
+    connection -- so the server runs a group's transaction from start to
+    commit without waiting on its worker: a worker cut off mid-message holds
+    no workspace's creates (a transaction the worker drives, statement by
+    statement, would hold them until the server noticed the worker gone,
+    which it cannot behind a proxy; docs/performance.md §22). Behind
+    PgBouncer (``database_pooler``) no statement is prepared, and each key
+    runs alone."""
 
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
@@ -421,7 +490,7 @@ class FastPath:
         Raises :class:`LostTheRace` when a rival create won the unique index.
         """
         now = utcnow()
-        try:
+        with _lost_the_race():
             row = _claim_and_insert().run(
                 self.connection,
                 delivery=delivery_pk,
@@ -429,53 +498,115 @@ class FastPath:
                 lease_until=now + timedelta(seconds=lease_seconds),
                 max_lost=max_lost,
             )
-        except errors.UniqueViolation as error:
-            if error.diag.constraint_name not in NAME_TAKEN:
-                raise
-            raise LostTheRace() from error
-        if row is None:
-            return None
-        attempt, retries, task_id, identifier, workspace_id, external_id = row[:6]
-        provider, url, remote_key, marked = row[6:]
-        lease = Lease(delivery_pk, attempt, retries)
-        if marked and task_id is None:
-            # Cannot happen while the claim's conditions and the insert's agree;
-            # were it to, the marker names a task that does not exist, and the
-            # delivery parks for an operator rather than creating twice.
-            raise RuntimeError(
-                f"delivery {delivery_pk}: claimed for a create that inserted nothing"
-            )
-        if task_id is None:
-            return Claimed(lease)
-        inserted = Inserted.of(
-            task_id=task_id,
-            workspace_id=workspace_id,
-            identifier=identifier,
-            external_id=external_id,
-            delivery_pk=delivery_pk,
-            source=SourceLink(provider=provider, url=url, remote_key=remote_key),
-        )
-        return Claimed(lease, inserted)
+        return _claimed(delivery_pk, row)
+
+    def claim_and_insert_many(
+        self, delivery_pks: Sequence[int], *, lease_seconds: float, max_lost: int
+    ) -> list[Claimed | None]:
+        """:meth:`claim_and_insert` for each key in order, all in one
+        transaction (:func:`_run_together`). A key that is not the plain
+        case keeps its lease in it. Whatever one key raises (:class:`LostTheRace`,
+        a database error) rolls back every key's claim and insert, then is
+        raised."""
+        now = utcnow()
+        values = {"now": now, "lease_until": now + timedelta(seconds=lease_seconds)}
+        claim = _claim_and_insert()
+        text = [_lock_deliveries(delivery_pks)]
+        text += [
+            claim.execute(self.connection, delivery=pk, max_lost=max_lost, **values)
+            for pk in delivery_pks
+        ]
+        with _lost_the_race():
+            _, *rows = _run_together(self.connection, [claim], text)
+        return [_claimed(pk, row) for pk, row in zip(delivery_pks, rows, strict=True)]
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""
         try:
-            settled, finished = _settle_and_finish().run(
-                self.connection,
-                task=task.id,
-                external_id=task.external_id,
-                provider=source.provider,
-                url=source.url,
-                remote_key=source.remote_key,
-                delivery=lease.delivery_pk,
-                attempt=lease.attempt,
-                now=utcnow(),
+            row = _settle_and_finish().run(
+                self.connection, **_settlement_values(task, source, lease)
             )
         except errors.ForeignKeyViolation:
             return Settlement.NOT_SETTLED  # the task was deleted: its source link has no row
-        if not settled:
-            return Settlement.NOT_SETTLED
-        return Settlement.FINISHED if finished else Settlement.TAKEN_OVER
+        return _settlement(row)
+
+    def settle_and_finish_many(self, claims: Sequence[Claimed]) -> list[Settlement] | None:
+        """:meth:`settle_and_finish` for each plain case (``claimed.inserted``)
+        in order, all in one transaction (:func:`_run_together`). A key that
+        did not settle keeps its source link, as it would alone, and is
+        answered ``NOT_SETTLED``. None when a task was deleted (its source
+        link has no row): the group rolled back whole, and each key settles
+        alone. A database error rolls back the group and is raised."""
+        settle = _settle_and_finish()
+        text = [_lock_deliveries([claimed.lease.delivery_pk for claimed in claims])]
+        for claimed in claims:
+            if claimed.inserted is None:
+                raise ValueError(f"delivery {claimed.lease.delivery_pk}: no task to settle")
+            task, source = claimed.inserted.task, claimed.inserted.source
+            values = _settlement_values(task, source, claimed.lease)
+            text.append(settle.execute(self.connection, **values))
+        try:
+            _, *rows = _run_together(self.connection, [settle], text)
+        except errors.ForeignKeyViolation:
+            return None
+        return [_settlement(row) for row in rows]
+
+
+@contextmanager
+def _lost_the_race() -> Iterator[None]:
+    """A unique violation of a name a task holds, raised as :class:`LostTheRace`."""
+    try:
+        yield
+    except errors.UniqueViolation as error:
+        if error.diag.constraint_name not in NAME_TAKEN:
+            raise
+        raise LostTheRace() from error
+
+
+def _claimed(delivery_pk: int, row: tuple | None) -> Claimed | None:
+    """What the claim-and-insert statement's row says of ``delivery_pk``."""
+    if row is None:
+        return None
+    attempt, retries, task_id, identifier, workspace_id, external_id = row[:6]
+    provider, url, remote_key, marked = row[6:]
+    lease = Lease(delivery_pk, attempt, retries)
+    if marked and task_id is None:
+        # Cannot happen while the claim's conditions and the insert's agree;
+        # were it to, the marker names a task that does not exist, and the
+        # delivery parks for an operator rather than creating twice.
+        raise RuntimeError(f"delivery {delivery_pk}: claimed for a create that inserted nothing")
+    if task_id is None:
+        return Claimed(lease)
+    inserted = Inserted.of(
+        task_id=task_id,
+        workspace_id=workspace_id,
+        identifier=identifier,
+        external_id=external_id,
+        delivery_pk=delivery_pk,
+        source=SourceLink(provider=provider, url=url, remote_key=remote_key),
+    )
+    return Claimed(lease, inserted)
+
+
+def _settlement_values(task: Task, source: SourceLink, lease: Lease) -> dict[str, object]:
+    return {
+        "task": task.id,
+        "external_id": task.external_id,
+        "provider": source.provider,
+        "url": source.url,
+        "remote_key": source.remote_key,
+        "delivery": lease.delivery_pk,
+        "attempt": lease.attempt,
+        "now": utcnow(),
+    }
+
+
+def _settlement(row: tuple) -> Settlement:
+    """What the settle-and-finish statement's row says."""
+    settled, finished = row
+    if not settled:
+        return Settlement.NOT_SETTLED
+    return Settlement.FINISHED if finished else Settlement.TAKEN_OVER
 
 
 # --- SQLite: the same statements, one by one ------------------------------------------

@@ -111,7 +111,7 @@ def process_deliveries(
     each in its place in the answer; a key whose run raised (only before its
     claim committed) has the exception there, and holds up no other key.
 
-    On SQLite's fast path the keys start together
+    On the fast path the keys start together
     (``worker.processing.fast.started_together``), then each goes on alone
     from where the message left it."""
 

@@ -3,7 +3,7 @@ plain case's settlement.
 
 A run starts from a committed claim (:class:`Start`). On the fast path
 (``models.fastpath``) the claim also inserts the plain case's task; then the
-seams after the insert run, and the run settles it here. SQLite's fast path
+seams after the insert run, and the run settles it here. The fast path
 can start every key of one worker message together
 (:func:`started_together`): their claims and inserts in one transaction,
 each plain key's seams, then their settlements in a second, two commits for
@@ -127,29 +127,33 @@ def _after_insert(seams: Seams, claimed: Claimed) -> Exception | None:
 def started_together(
     session: Session, delivery_pks: Sequence[int], settings: Settings, seams: Seams
 ) -> Iterator[list[Start] | None]:
-    """The keys of one message started together on SQLite's fast path: the
-    claims and inserts in one transaction, each plain key's seams in key
-    order, then the plain keys' settlements in a second transaction. None
-    (each key starts alone) for a single key, on PostgreSQL (one key at a
-    time: ``models.fastpath.FastPath`` says why), without the fast path, or
-    when the first transaction failed (it rolled back whole). The fast
-    path's connection stays open until the keys' runs are over."""
-    # Ask the dialect before taking a connection, so that a PostgreSQL
-    # message checks none out for nothing.
-    if (
-        len(delivery_pks) < 2
-        or session.get_bind().dialect.name != "sqlite"
-        or not takes_fast_path(settings, seams)
-    ):
+    """The keys of one message started together on the fast path: the claims
+    and inserts in one transaction, each plain key's seams in key order,
+    then the plain keys' settlements in a second transaction. None (each key
+    starts alone) for a single key, without the fast path, behind PgBouncer
+    (a group prepares its statements: ``models.fastpath.FastPath``), or when
+    the first transaction failed (it rolled back whole). The fast path's
+    connection stays open until the keys' runs are over."""
+    if len(delivery_pks) < 2 or not _together(session, settings, seams):
         yield None
         return
     with fast_path(session.get_bind()) as fast:
-        together = isinstance(fast, SQLiteFastPath)
-        yield _start_together(fast, delivery_pks, settings, seams) if together else None
+        yield None if fast is None else _start_together(fast, delivery_pks, settings, seams)
+
+
+def _together(session: Session, settings: Settings, seams: Seams) -> bool:
+    """Whether a message's keys may start together here; asked before a
+    connection is taken, so that a message that may not checks none out."""
+    dialect = session.get_bind().dialect.name
+    pooled = dialect == "postgresql" and settings.database_pooler != "none"
+    return dialect in ("sqlite", "postgresql") and not pooled and takes_fast_path(settings, seams)
 
 
 def _start_together(
-    fast: SQLiteFastPath, delivery_pks: Sequence[int], settings: Settings, seams: Seams
+    fast: FastPath | SQLiteFastPath,
+    delivery_pks: Sequence[int],
+    settings: Settings,
+    seams: Seams,
 ) -> list[Start] | None:
     try:
         claims = fast.claim_and_insert_many(

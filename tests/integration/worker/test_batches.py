@@ -1,11 +1,12 @@
-"""A worker message's keys share SQLite's two fast-path commits.
+"""A worker message's keys share the fast path's two commits.
 
 ``worker.processing.process_deliveries`` runs the keys of one message; on
-SQLite's fast path their claims and inserts commit in one transaction and
-their settlements in another (docs/architecture.md, "The fast path"). Each
-test runs on every store: on SQLite with the fast path on the keys share
-the commits (``Processed.path == "batch"``); everywhere else each key runs
-alone, and the answers are the same.
+the fast path their claims and inserts commit in one transaction and their
+settlements in another (docs/architecture.md, "The fast path"): on SQLite
+statement by statement, on PostgreSQL each group one simple query. Each
+test runs on every store: with the fast path on the keys share the commits
+(``Processed.path == "batch"``); without it each key runs alone, and the
+answers are the same.
 """
 
 from __future__ import annotations
@@ -54,7 +55,21 @@ def run_message(store: Store, pks: list[int], **options) -> list[Processed | Exc
 
 def batches(store: Store) -> bool:
     """The keys of a message share their commits on this store."""
-    return store.dialect == "sqlite" and store.takes_fast_path
+    return store.takes_fast_path
+
+
+@pytest.fixture
+def groups(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Each simple query PostgreSQL's fast path sent for a group, as its statements."""
+    sent: list[list[str]] = []
+    run_together = fastpath._run_together
+
+    def counted(connection, statements, text):
+        sent.append(list(text))
+        return run_together(connection, statements, text)
+
+    monkeypatch.setattr(fastpath, "_run_together", counted)
+    return sent
 
 
 def answer(processed: Processed | Exception) -> tuple:
@@ -109,7 +124,9 @@ def held_by_hand(store: Store, feed, number: int, *, title: str) -> Task:
         ).task
 
 
-def test_a_message_of_plain_keys_commits_twice_on_sqlite(store: Store, commits: list[object]):
+def test_a_message_of_plain_keys_commits_twice(
+    store: Store, commits: list[object], groups: list[list[str]]
+):
     feed = make_feed(store.sessions)
     pks = [store_github_issue(store.sessions, feed, number) for number in range(1, 5)]
     commits.clear()
@@ -123,7 +140,13 @@ def test_a_message_of_plain_keys_commits_twice_on_sqlite(store: Store, commits: 
     ]
     if batches(store):
         assert [p.path for p in processed] == ["batch"] * 4
+    if batches(store) and store.dialect == "sqlite":
         assert len(commits) == 2  # the claims and inserts, then the settlements
+    elif batches(store):
+        # The claims and inserts, then the settlements: each one simple query,
+        # its rows locked first, then one EXECUTE a key.
+        assert [len(group) for group in groups] == [5, 5]
+        assert all(text.startswith("EXECUTE ") for group in groups for text in group[1:])
     else:
         assert "batch" not in {p.path for p in processed}
 
@@ -135,6 +158,26 @@ def test_a_message_of_one_key_runs_it_alone(store: Store):
     (processed,) = run_message(store, [pk])
 
     assert processed.path == ("fast" if store.takes_fast_path else "general")
+
+
+def test_behind_pgbouncer_a_messages_keys_run_alone_on_postgresql(
+    store: Store, groups: list[list[str]]
+):
+    """A group prepares its statements, which a session behind PgBouncer
+    would not keep: there each key runs alone (SQLite has no pooler)."""
+    feed = make_feed(store.sessions)
+    pks = [store_github_issue(store.sessions, feed, number) for number in (1, 2)]
+    behind = BATCH_SETTINGS.model_copy(update={"database_pooler": "pgbouncer"})
+
+    processed = run_message(store, pks, settings=behind)
+
+    assert [answer(p)[:2] for p in processed] == [(DeliveryStatus.DONE, "created")] * 2
+    if not store.takes_fast_path:
+        assert {p.path for p in processed} == {"general"}
+    elif store.dialect == "sqlite":
+        assert {p.path for p in processed} == {"batch"}
+    else:
+        assert {p.path for p in processed} == {"fast"} and groups == []
 
 
 def mixed_message(store: Store, slug: str) -> tuple[Feed, list[int]]:
@@ -203,16 +246,18 @@ def test_a_mixed_message_answers_each_key_as_it_would_be_answered_alone(store: S
 
 @pytest.fixture
 def blind_lookup(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """SQLite's fast lookup misses every holder, in the tasks and in the
+    """The fast lookup misses every holder, in the tasks and in the
     identity ledger, as a lookup that lost a race to a rival's insert would:
     only the unique index finds it."""
     holds = fastpath.holds_identity
     monkeypatch.setattr(fastpath, "holds_identity", lambda *held: (*holds(*held), false()))
     monkeypatch.setattr(fastpath, "unknown_to_the_ledger", lambda *names: true())
     fastpath._sqlite_statements.cache_clear()
+    fastpath._claim_and_insert.cache_clear()
     yield
     monkeypatch.undo()
     fastpath._sqlite_statements.cache_clear()
+    fastpath._claim_and_insert.cache_clear()
 
 
 def test_a_key_that_loses_the_race_in_the_claims_sends_each_key_alone(
@@ -381,11 +426,20 @@ def test_an_error_in_one_keys_claim_holds_up_no_other_key(
 
     monkeypatch.setattr(processing.fast, "claim_alone", failing_for_one(claim_one))
     monkeypatch.setattr(fastpath.SQLiteFastPath, "_claim_and_insert", failing_for_one(claim_sqlite))
+    execute = fastpath._Statement.execute
+
+    def failing_in_the_database(statement, connection, **values):
+        if values.get("delivery") == broken:  # PostgreSQL's group: an error mid-query
+            return "SELECT 1 / 0"
+        return execute(statement, connection, **values)
+
+    monkeypatch.setattr(fastpath._Statement, "execute", failing_in_the_database)
 
     with pytest.raises(RuntimeError, match="the pool is gone"):
         worker.tasks.process_deliveries([broken, fine])
 
     assert delivery(store.sessions, fine).outcome == "created"
+    assert delivery(store.sessions, fine).attempts == 1  # the group's claim rolled back
     assert delivery(store.sessions, broken).status == "queued"
     assert [t.created_by_delivery for t in tasks_of(store.sessions, feed.workspace_id)] == [fine]
 
