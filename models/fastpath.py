@@ -162,41 +162,44 @@ _prepared: weakref.WeakKeyDictionary[psycopg.Connection, set[str]] = weakref.Wea
 
 
 def _run_together(
-    connection: psycopg.Connection, statements: Sequence[_Statement], text: list[str]
+    connection: psycopg.Connection,
+    statement: _Statement,
+    delivery_pks: Sequence[int],
+    executions: Sequence[str],
 ) -> list[tuple | None]:
-    """``text``, a list of statements, as one simple query: PostgreSQL reads
-    the whole message before it runs any of it and runs it as one implicit
-    transaction, committed at its end or, at any error, rolled back whole
-    (and the error raised). ``statements`` are the ones ``text`` executes,
-    prepared here first where the connection has not yet. The first row of
-    each statement's result, in order."""
+    """A group's ``executions`` (each an ``EXECUTE`` of ``statement``, one per
+    key of ``delivery_pks``) after its delivery rows are locked in key order,
+    as one simple query: PostgreSQL reads the whole message before it runs
+    any of it and runs it as one implicit transaction, committed at its end
+    or, at any error, rolled back whole (and the error raised). ``statement``
+    is prepared here first where the connection has not yet. The first row
+    of each execution's result, in order.
+
+    The lock comes first so that two groups sharing keys (a resend, a
+    redelivery) queue on their first shared row, holding nothing the other
+    waits for, instead of one taking its first key and the workspace's row
+    while the other takes its second (a deadlock)."""
+    keys = ", ".join(str(int(pk)) for pk in sorted(set(delivery_pks)))
+    lock = (
+        f"SELECT id FROM {Delivery.__tablename__} WHERE id IN ({keys})"
+        " ORDER BY id FOR NO KEY UPDATE"
+    )
     prepared = _prepared.setdefault(connection, set())
     with psycopg.RawCursor(connection) as cursor:
-        for statement in statements:
-            if statement.name not in prepared:
-                cursor.execute(f"PREPARE {statement.name} AS {statement.text}")
-                prepared.add(statement.name)
+        if statement.name not in prepared:
+            cursor.execute(f"PREPARE {statement.name} AS {statement.text}")
+            prepared.add(statement.name)
         try:
-            cursor.execute(";\n".join(text))
+            cursor.execute(";\n".join([lock, *executions]))
         except errors.InvalidSqlStatementName:
-            # The session forgot them (a DISCARD ALL): nothing ran; the next
-            # group prepares them again.
+            # The session forgot it (a DISCARD ALL): nothing ran; the next
+            # group prepares it again.
             prepared.clear()
             raise
-        rows = [cursor.fetchone()]
-        while cursor.nextset():
+        rows = []
+        while cursor.nextset():  # past the lock's result: each execution's
             rows.append(cursor.fetchone())
     return rows
-
-
-def _lock_deliveries(delivery_pks: Sequence[int]) -> str:
-    """Lock a group's rows in key order before any of its statements runs:
-    two groups sharing keys (a resend, a redelivery) then queue on their
-    first shared row, holding nothing the other waits for, instead of one
-    taking its first key and the workspace's row while the other takes its
-    second (a deadlock)."""
-    keys = ", ".join(str(int(pk)) for pk in sorted(set(delivery_pks)))
-    return f"SELECT id FROM deliveries WHERE id IN ({keys}) ORDER BY id FOR NO KEY UPDATE"
 
 
 def _parameter(name: str, type_=None):
@@ -511,13 +514,12 @@ class FastPath:
         now = utcnow()
         values = {"now": now, "lease_until": now + timedelta(seconds=lease_seconds)}
         claim = _claim_and_insert()
-        text = [_lock_deliveries(delivery_pks)]
-        text += [
+        executions = [
             claim.execute(self.connection, delivery=pk, max_lost=max_lost, **values)
             for pk in delivery_pks
         ]
         with _lost_the_race():
-            _, *rows = _run_together(self.connection, [claim], text)
+            rows = _run_together(self.connection, claim, delivery_pks, executions)
         return [_claimed(pk, row) for pk, row in zip(delivery_pks, rows, strict=True)]
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
@@ -538,15 +540,16 @@ class FastPath:
         link has no row): the group rolled back whole, and each key settles
         alone. A database error rolls back the group and is raised."""
         settle = _settle_and_finish()
-        text = [_lock_deliveries([claimed.lease.delivery_pk for claimed in claims])]
+        executions = []
         for claimed in claims:
             if claimed.inserted is None:
                 raise ValueError(f"delivery {claimed.lease.delivery_pk}: no task to settle")
             task, source = claimed.inserted.task, claimed.inserted.source
             values = _settlement_values(task, source, claimed.lease)
-            text.append(settle.execute(self.connection, **values))
+            executions.append(settle.execute(self.connection, **values))
+        delivery_pks = [claimed.lease.delivery_pk for claimed in claims]
         try:
-            _, *rows = _run_together(self.connection, [settle], text)
+            rows = _run_together(self.connection, settle, delivery_pks, executions)
         except errors.ForeignKeyViolation:
             return None
         return [_settlement(row) for row in rows]

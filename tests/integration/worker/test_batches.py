@@ -59,14 +59,15 @@ def batches(store: Store) -> bool:
 
 
 @pytest.fixture
-def groups(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """Each simple query PostgreSQL's fast path sent for a group, as its statements."""
-    sent: list[list[str]] = []
+def groups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[str]]]:
+    """Each simple query PostgreSQL's fast path sent for a group: its keys and
+    the statements it ran after locking them."""
+    sent: list[tuple[list[int], list[str]]] = []
     run_together = fastpath._run_together
 
-    def counted(connection, statements, text):
-        sent.append(list(text))
-        return run_together(connection, statements, text)
+    def counted(connection, statement, delivery_pks, executions):
+        sent.append((list(delivery_pks), list(executions)))
+        return run_together(connection, statement, delivery_pks, executions)
 
     monkeypatch.setattr(fastpath, "_run_together", counted)
     return sent
@@ -125,7 +126,7 @@ def held_by_hand(store: Store, feed, number: int, *, title: str) -> Task:
 
 
 def test_a_message_of_plain_keys_commits_twice(
-    store: Store, commits: list[object], groups: list[list[str]]
+    store: Store, commits: list[object], groups: list[tuple[list[int], list[str]]]
 ):
     feed = make_feed(store.sessions)
     pks = [store_github_issue(store.sessions, feed, number) for number in range(1, 5)]
@@ -145,8 +146,9 @@ def test_a_message_of_plain_keys_commits_twice(
     elif batches(store):
         # The claims and inserts, then the settlements: each one simple query,
         # its rows locked first, then one EXECUTE a key.
-        assert [len(group) for group in groups] == [5, 5]
-        assert all(text.startswith("EXECUTE ") for group in groups for text in group[1:])
+        assert [keys for keys, _ in groups] == [pks, pks]
+        assert [len(executions) for _, executions in groups] == [4, 4]
+        assert all(text.startswith("EXECUTE ") for _, group in groups for text in group)
     else:
         assert "batch" not in {p.path for p in processed}
 
@@ -161,7 +163,7 @@ def test_a_message_of_one_key_runs_it_alone(store: Store):
 
 
 def test_behind_pgbouncer_a_messages_keys_run_alone_on_postgresql(
-    store: Store, groups: list[list[str]]
+    store: Store, groups: list[tuple[list[int], list[str]]]
 ):
     """A group prepares its statements, which a session behind PgBouncer
     would not keep: there each key runs alone (SQLite has no pooler)."""
