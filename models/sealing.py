@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -203,20 +204,27 @@ def keyring_of(settings: Settings) -> Keyring:
 
 def create_key_file(path: str) -> bool:
     """Write a new key to ``path`` (mode 0600) unless the file exists; True if
-    it wrote one. Safe against another process doing the same at once."""
+    it wrote one. Safe against another process doing the same at once: the
+    key is written whole under a name of its own, then linked into place,
+    so no reader ever sees the file half written."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        return False
+    descriptor, draft = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:  # mkstemp's mode is 0600
+            file.write(
+                "# taskhook's encryption keys, one a line: the first seals, every one opens.\n"
+                "# Keep this file with the database's backups: without it the stored\n"
+                "# credentials cannot be read.\n"
+            )
+            file.write(new_key() + "\n")
+        os.link(draft, target)
     except FileExistsError:
         return False
-    with os.fdopen(descriptor, "w") as file:
-        file.write(
-            "# taskhook's encryption keys, one a line: the first seals, every one opens.\n"
-            "# Keep this file with the database's backups: without it the stored\n"
-            "# credentials cannot be read.\n"
-        )
-        file.write(new_key() + "\n")
+    finally:
+        os.unlink(draft)
     return True
 
 
