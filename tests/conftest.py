@@ -23,6 +23,7 @@ from sqlalchemy.engine import make_url
 from migrations import upgrade_to_head
 from models import sealing
 from models.db import make_engine, make_session_factory
+from tests.support import figures
 from tests.support.descriptors import DescriptorWatch, open_descriptors
 from tests.support.pgbouncer import PgBouncer, running_pgbouncer
 from tests.support.stores import POSTGRES_ADMIN_URL, Store, empty_postgres, libpq, open_store
@@ -125,13 +126,53 @@ def postgres_store(postgres_url: str) -> Iterator[Store]:
         engine.dispose()
 
 
+#: The reliability scenarios share one session: the log folder all their
+#: processes write to and the secrets they handed out, which the last of them
+#: greps (``runs_last``). On several workers they all run on one.
+RELIABILITY = "tests/reliability/"
+#: The longest units of work, started first on several workers so that no
+#: worker is left with one of them at the end while the others wait: the
+#: reliability scenarios together, then the benchmarks' smoke runs.
+LONGEST_FIRST = (RELIABILITY, "tests/bench/test_smoke.py")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``runs_last`` go after all others: pytest-randomly shuffles
-    the rest, and a test that reads what the whole run left behind (every log
-    searched for every secret handed out) must come after it."""
-    last = [item for item in items if item.get_closest_marker("runs_last")]
-    items[:] = [item for item in items if not item.get_closest_marker("runs_last")] + last
+    """The longest units first (:data:`LONGEST_FIRST`), then the rest in the
+    order pytest-randomly shuffled them; tests marked ``runs_last`` go after
+    all others (a test that reads what the whole run left behind, every log
+    searched for every secret handed out, must come after it)."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("runs_last"):
+            return len(LONGEST_FIRST) + 1
+        starts = [item.nodeid.startswith(prefix) for prefix in LONGEST_FIRST]
+        return starts.index(True) if True in starts else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the shuffled order holds within a rank
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` (scripts/test), with the reliability scenarios as
+    one unit, and the units in the order collected (longest first) rather
+    than by their number of tests."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFileReliabilityTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return RELIABILITY if nodeid.startswith(RELIABILITY) else super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return ByFileReliabilityTogether(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """A worker's reliability figures, for this process's summary."""
+    figures.take_over(node.config, getattr(node, "workeroutput", {}).get(figures.WORKER_OUTPUT))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -146,3 +187,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(
         f"PostgreSQL ({POSTGRES_ADMIN_URL}): {len(ran)} tests ran, {passed} passed"
     )
+    figures.summarize(terminalreporter, config)

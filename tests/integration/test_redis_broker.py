@@ -7,7 +7,6 @@ emptied before and after each test.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -18,9 +17,8 @@ from kombu.transport import redis as kombu_redis
 from models.broker import redis_transport
 from models.broker.connection import broker_transport
 from models.settings import Settings
+from tests.support.processes import REDIS_URL
 from worker.celery_app import celery_config
-
-REDIS_URL = os.environ.get("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 @pytest.fixture

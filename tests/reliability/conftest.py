@@ -12,9 +12,7 @@ when set).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import secrets
 import signal
 from collections.abc import Iterator
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.figures import Figures, hand_over
 from tests.support.pgbouncer import EVERY_TEST_THROUGH_PGBOUNCER, routed_through
 from tests.support.services import PrivatePostgres, PrivateRedis, ThrowawayDatabase
 from tests.support.stack import SCALE, Stack
@@ -75,27 +74,6 @@ class SecretBook:
         return value
 
 
-class Figures:
-    """What each scenario measured, by scenario."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.by_scenario: dict[str, dict] = {}
-
-    def record(self, scenario: str, **values: object) -> None:
-        self.by_scenario.setdefault(scenario, {}).update(values)
-        self.write()
-
-    def write(self) -> None:
-        text = json.dumps(self.by_scenario, indent=2, sort_keys=True, default=str)
-        (self.folder / "figures.json").write_text(text)
-        if target := os.environ.get("TASKHOOK_RELIABILITY_FIGURES"):
-            Path(target).write_text(text)
-
-
-_FIGURES = pytest.StashKey[Figures]()
-
-
 @pytest.fixture(scope="session")
 def log_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Where every process of the run logs; this process's own records go to
@@ -126,21 +104,12 @@ def secret_book() -> SecretBook:
 
 @pytest.fixture(scope="session")
 def figures(request: pytest.FixtureRequest, log_folder: Path) -> Figures:
-    found = Figures(log_folder)
-    request.config.stash[_FIGURES] = found
-    return found
+    """What each scenario measured (printed by tests/conftest.py's summary)."""
+    return Figures(log_folder, request.config)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    found = config.stash.get(_FIGURES, None)
-    if not found or not found.by_scenario:
-        return
-    terminalreporter.section("reliability figures")
-    for scenario, values in sorted(found.by_scenario.items()):
-        terminalreporter.write_line(f"{scenario}:")
-        for name, value in values.items():
-            terminalreporter.write_line(f"    {name}: {value}")
-    terminalreporter.write_line(f"(also in {found.folder / 'figures.json'})")
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    hand_over(session.config)
 
 
 # --- servers -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 
 from models.broker.messages import IDEMPOTENCY_KEY_HEADER
 from models.db import session_scope
+from tests.support.redis_databases import machine_redis_url
 from tests.support.scenarios import EXTERNAL_ID
 from tests.support.stores import Store
 from worker.cli import cli
@@ -29,7 +30,7 @@ PUBLIC_URL = "https://hooks.example.com"
 RELEASE = ("release", "--workspace", "acme", EXTERNAL_ID)
 ROOT = Path(__file__).resolve().parents[2]
 #: The CLI tests' own Redis database (FLUSHDB before and after, never FLUSHALL).
-REDIS_URL = os.environ.get("TASKHOOK_TEST_CLI_REDIS_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = machine_redis_url("TASKHOOK_TEST_CLI_REDIS_URL", "redis://127.0.0.1:6379/14")
 BIN = Path(sys.executable).parent
 
 

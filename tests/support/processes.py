@@ -28,9 +28,10 @@ from models.broker.messages import DELIVERY_QUEUES, OPERATOR_QUEUE
 from models.inbox import FINISHED
 from models.tables import Delivery
 from tests.support.pgbouncer import database_environment
+from tests.support.redis_databases import machine_redis_url
 
 ROOT = Path(__file__).resolve().parents[2]
-REDIS_URL = os.environ.get("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+REDIS_URL = machine_redis_url("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 READY_TIMEOUT = 30.0
 
 #: Short timings, so a lease runs out and a sweep comes within seconds.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -19,8 +18,7 @@ import redis
 from ingest.relay import celery_publisher
 from models.broker.messages import DELIVERIES_QUEUE, PROCESS_DELIVERIES, PROCESS_DELIVERY
 from models.settings import Settings
-
-REDIS_URL = os.environ.get("TASKHOOK_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+from tests.support.processes import REDIS_URL
 
 
 @pytest.fixture
