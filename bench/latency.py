@@ -33,9 +33,15 @@ from the rows, so nothing polls the database during a step). A step is **flat**
 when every request was answered without error and the median backlog over its
 last quarter is at most the median over its second quarter plus a bound of
 ``max(5, rate x 0.1 s)`` -- a backlog growing by more than a tenth of a second's
-arrivals in half a step means the worker falls behind. Each step starts on an
-empty broker and inbox (a step that did not drain within its timeout has its
-worker restarted on a flushed broker).
+arrivals in half a step means the worker falls behind -- and that median is at
+most a quarter second's arrivals (``FLAT_QUEUE_SECONDS``): a steady queue
+longer than that is a wait every sender feels (by Little's law, the backlog
+over the rate is the time a delivery spends in it), and a step that merely
+held on to a queue it built early is not one the stack keeps up with. The two
+ramps run in lockstep, a step of one then a step of the other, so that a
+machine whose speed drifts over the minutes they take drifts for both alike.
+Each step starts on an empty broker and inbox (a step that did not drain
+within its timeout has its worker restarted on a flushed broker).
 
 Reported: p50/p95/p99/max per rate and stack, taskhook's stages, the answer's
 latency as the load generator saw it, the worker and ingress CPU per delivery,
@@ -53,7 +59,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +81,9 @@ DRAIN_TIMEOUT_PER_SECOND = 3.0
 #: statement's sixth run), then a trickle. Warmed with the trickle alone, the
 #: first measured run paid for the threads it never reached (issue 39).
 WARM_UP = ((300, 1.0), (50, 1.0))
+#: A ramp's step is flat only if its backlog holds at most this many seconds'
+#: arrivals (see the module's docstring).
+FLAT_QUEUE_SECONDS = 0.25
 #: The no-op tasks the machine's speed is measured by (fewer at the smoke size).
 NOOP_DELIVERIES = 5_000
 
@@ -112,7 +121,7 @@ class Stack:
 
 def latency(bench: Any) -> dict[str, Any]:
     """The machine's speed that day; both stacks at each rate, the first
-    alternating by rate; then each one's ramp."""
+    alternating by rate; then their ramps, in lockstep."""
     sizes = bench.sizes
     speed = _machine_speed(bench)
     with _stacks(bench) as (stacks, watcher):
@@ -127,7 +136,7 @@ def latency(bench: Any) -> dict[str, Any]:
                 run = _run(bench, stack, watcher, rate, sizes.latency_seconds)
                 runs[stack.name][str(rate)] = run
                 bench.say(f"  {stack.name} at {rate}/s: {_brief(run)}")
-        ramps = {stack.name: _ramp(bench, stack, watcher) for stack in stacks}
+        ramps = _ramps(bench, stacks, watcher)
     return _report(bench, runs, ramps, speed)
 
 
@@ -333,12 +342,16 @@ def _flat(
 
     second_quarter, last_quarter = backlog_over(0.25, 0.5), backlog_over(0.75, 1.0)
     bound = max(5.0, rate * 0.1)
+    queue_bound = max(5.0, rate * FLAT_QUEUE_SECONDS)
     answered_all = posted["errors"] == 0 and posted["completed"] == posted["sent"]
     return {
-        "flat": answered_all and last_quarter <= second_quarter + bound,
+        "flat": (
+            answered_all and last_quarter <= second_quarter + bound and last_quarter <= queue_bound
+        ),
         "backlog_second_quarter": second_quarter,
         "backlog_last_quarter": last_quarter,
         "bound": bound,
+        "queue_bound": queue_bound,
         "answered_all": answered_all,
     }
 
@@ -348,21 +361,57 @@ def _steps(first: float, last: float, every: float) -> list[float]:
     return [first + index * every for index in range(count + 1)]
 
 
-def _ramp(bench: Any, stack: Stack, watcher: psycopg.Connection) -> dict[str, Any]:
-    """The highest rate at which ``stack``'s backlog stays flat: doubling, then bisection."""
-    sizes = bench.sizes
-    steps: list[dict[str, Any]] = []
+def _ramps(bench: Any, stacks: list[Stack], watcher: psycopg.Connection) -> dict[str, dict]:
+    """Each stack's highest flat rate (:func:`_search`), the stacks' steps
+    taken in turn, the first of each round alternating."""
+    searches = {stack.name: _search(bench.sizes) for stack in stacks}
+    steps: dict[str, list[dict[str, Any]]] = {stack.name: [] for stack in stacks}
+    brackets: dict[str, dict[str, Any]] = {}
+    next_rate = {name: _advance(search, None, brackets, name) for name, search in searches.items()}
+    round_ = 0
+    while any(rate is not None for rate in next_rate.values()):
+        for stack in stacks if round_ % 2 == 0 else stacks[::-1]:
+            rate = next_rate[stack.name]
+            if rate is None:
+                continue
+            run = _run(bench, stack, watcher, rate, bench.sizes.latency_ramp_seconds)
+            steps[stack.name].append(run)
+            flat = run["flat"]["flat"]
+            bench.say(f"  ramp {stack.name} at {rate}/s: flat {flat}, {_brief(run)}")
+            next_rate[stack.name] = _advance(searches[stack.name], flat, brackets, stack.name)
+        round_ += 1
+    return {
+        name: {
+            **brackets[name],
+            "steps": [
+                {key: step[key] for key in ("rate", "answered", "errors", "latency", "flat")}
+                for step in steps[name]
+            ],
+        }
+        for name in searches
+    }
 
-    def flat_at(rate: int) -> bool:
-        run = _run(bench, stack, watcher, rate, sizes.latency_ramp_seconds)
-        steps.append(run)
-        bench.say(f"  ramp {stack.name} at {rate}/s: flat {run['flat']['flat']}, {_brief(run)}")
-        return run["flat"]["flat"]
 
+def _advance(
+    search: Generator[int, bool, dict], flat: bool | None, brackets: dict[str, dict], name: str
+) -> int | None:
+    """The next rate ``search`` tries once told whether the last was ``flat``
+    (None: its first); None when it is done, its bracket then in ``brackets``."""
+    try:
+        return next(search) if flat is None else search.send(flat)
+    except StopIteration as done:
+        brackets[name] = done.value
+        return None
+
+
+def _search(sizes: Any) -> Generator[int, bool, dict[str, Any]]:
+    """The rates one ramp tries, each sent back whether it was flat: doubling
+    from ``latency_ramp_start``, then bisecting (geometrically) between the
+    highest flat rate and the lowest that was not; its bracket."""
     highest_flat, lowest_not = 0, 0
     rate = sizes.latency_ramp_start
     while rate <= sizes.latency_ramp_max:
-        if not flat_at(rate):
+        if not (yield rate):
             lowest_not = rate
             break
         highest_flat, rate = rate, rate * 2
@@ -371,7 +420,7 @@ def _ramp(bench: Any, stack: Stack, watcher: psycopg.Connection) -> dict[str, An
             middle = round(math.sqrt(highest_flat * lowest_not))
             if middle in (highest_flat, lowest_not):
                 break
-            if flat_at(middle):
+            if (yield middle):
                 highest_flat = middle
             else:
                 lowest_not = middle
@@ -379,10 +428,6 @@ def _ramp(bench: Any, stack: Stack, watcher: psycopg.Connection) -> dict[str, An
         "highest_flat_rate": highest_flat,
         "lowest_rising_rate": lowest_not or None,
         "capped": not lowest_not,
-        "steps": [
-            {key: step[key] for key in ("rate", "answered", "errors", "latency", "flat")}
-            for step in steps
-        ],
     }
 
 
