@@ -362,46 +362,53 @@ def _steps(first: float, last: float, every: float) -> list[float]:
 
 
 def _ramps(bench: Any, stacks: list[Stack], watcher: psycopg.Connection) -> dict[str, dict]:
-    """Each stack's highest flat rate (:func:`_search`), the stacks' steps
+    """Each stack's highest flat rate (:class:`_Ramp`), the stacks' steps
     taken in turn, the first of each round alternating."""
-    searches = {stack.name: _search(bench.sizes) for stack in stacks}
+    ramps = {stack.name: _Ramp(bench.sizes) for stack in stacks}
     steps: dict[str, list[dict[str, Any]]] = {stack.name: [] for stack in stacks}
-    brackets: dict[str, dict[str, Any]] = {}
-    next_rate = {name: _advance(search, None, brackets, name) for name, search in searches.items()}
     round_ = 0
-    while any(rate is not None for rate in next_rate.values()):
+    while any(ramp.rate is not None for ramp in ramps.values()):
         for stack in stacks if round_ % 2 == 0 else stacks[::-1]:
-            rate = next_rate[stack.name]
-            if rate is None:
+            ramp = ramps[stack.name]
+            if ramp.rate is None:
                 continue
-            run = _run(bench, stack, watcher, rate, bench.sizes.latency_ramp_seconds)
+            run = _run(bench, stack, watcher, ramp.rate, bench.sizes.latency_ramp_seconds)
             steps[stack.name].append(run)
             flat = run["flat"]["flat"]
-            bench.say(f"  ramp {stack.name} at {rate}/s: flat {flat}, {_brief(run)}")
-            next_rate[stack.name] = _advance(searches[stack.name], flat, brackets, stack.name)
+            bench.say(f"  ramp {stack.name} at {ramp.rate}/s: flat {flat}, {_brief(run)}")
+            ramp.tell(flat)
         round_ += 1
     return {
         name: {
-            **brackets[name],
+            **ramp.bracket,
             "steps": [
                 {key: step[key] for key in ("rate", "answered", "errors", "latency", "flat")}
                 for step in steps[name]
             ],
         }
-        for name in searches
+        for name, ramp in ramps.items()
     }
 
 
-def _advance(
-    search: Generator[int, bool, dict], flat: bool | None, brackets: dict[str, dict], name: str
-) -> int | None:
-    """The next rate ``search`` tries once told whether the last was ``flat``
-    (None: its first); None when it is done, its bracket then in ``brackets``."""
-    try:
-        return next(search) if flat is None else search.send(flat)
-    except StopIteration as done:
-        brackets[name] = done.value
-        return None
+class _Ramp:
+    """One stack's search for its highest flat rate (:func:`_search`): the
+    rate to try next (None once done), told after each step whether it was
+    flat; its bracket once done."""
+
+    def __init__(self, sizes: Any) -> None:
+        self._search = _search(sizes)
+        self.bracket: dict[str, Any] = {}
+        self.rate: int | None = self._next(None)
+
+    def tell(self, flat: bool) -> None:
+        self.rate = self._next(flat)
+
+    def _next(self, flat: bool | None) -> int | None:
+        try:
+            return next(self._search) if flat is None else self._search.send(flat)
+        except StopIteration as done:
+            self.bracket = done.value
+            return None
 
 
 def _search(sizes: Any) -> Generator[int, bool, dict[str, Any]]:

@@ -40,9 +40,10 @@ class Figures:
         self.write()
 
     def write(self) -> None:
-        (self.folder / "figures.json").write_text(self.text())
+        text = self.text()
+        (self.folder / "figures.json").write_text(text)
         if target := os.environ.get("TASKHOOK_RELIABILITY_FIGURES"):
-            Path(target).write_text(self.text())
+            Path(target).write_text(text)
 
     def text(self) -> str:
         return json.dumps(self.by_scenario, indent=2, sort_keys=True, default=str)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.latency import _advance, _flat, _search
+from bench.latency import _flat, _Ramp
 
 SIZES = SimpleNamespace(latency_ramp_start=25, latency_ramp_max=3200, latency_ramp_precision=1.05)
 ANSWERED = {"errors": 0, "completed": 100, "sent": 100}
@@ -14,12 +14,11 @@ ANSWERED = {"errors": 0, "completed": 100, "sent": 100}
 
 def searched(capacity: float, sizes=SIZES) -> tuple[list[int], dict]:
     """The rates a search tries against a stack flat up to ``capacity``, and its bracket."""
-    search, brackets, tried = _search(sizes), {}, []
-    rate = _advance(search, None, brackets, "stack")
-    while rate is not None:
-        tried.append(rate)
-        rate = _advance(search, rate <= capacity, brackets, "stack")
-    return tried, brackets["stack"]
+    ramp, tried = _Ramp(sizes), []
+    while ramp.rate is not None:
+        tried.append(ramp.rate)
+        ramp.tell(ramp.rate <= capacity)
+    return tried, ramp.bracket
 
 
 @pytest.mark.parametrize("capacity", [30, 141, 238, 591, 1000])
