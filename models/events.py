@@ -28,7 +28,7 @@ import enum
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Integer, Text, cast, exists, func, literal_column, select, true
+from sqlalchemy import Text, cast, exists, func, select, true
 from sqlalchemy.orm import Session
 
 from models.statements import dialect_insert, insert_from_values, sql_value
@@ -80,10 +80,11 @@ def append_event(
 # (models.fastpath) runs the same statements, so the append is written once.
 
 
-def advance_stream(dialect: str, workspace_id):
-    """The next position of the workspace's stream: the stream row is
-    inserted at position 1, or incremented when it exists. Returns the
-    position, then the workspace. The row stays locked until commit.
+def advance_stream(dialect: str, workspace_id, *, by=1):
+    """The next ``by`` positions of the workspace's stream (a value or an SQL
+    expression), for as many events: the stream row is inserted at position
+    ``by``, or advanced by ``by`` when it exists. Returns the last of the
+    positions, then the workspace. The row stays locked until commit.
 
     On PostgreSQL the statement also notifies :data:`EVENTS_CHANNEL` with the
     workspace id (a third column, ``notified``, of no value): in the
@@ -92,16 +93,15 @@ def advance_stream(dialect: str, workspace_id):
     insert = dialect_insert(dialect)
     # WHERE true: SQLite reads an INSERT ... SELECT followed by ON CONFLICT
     # unambiguously only when the SELECT has a WHERE clause.
-    first_position = select(
-        sql_value(EventStream.workspace_id, workspace_id), literal_column("1", Integer)
+    first_positions = select(
+        sql_value(EventStream.workspace_id, workspace_id), sql_value(EventStream.last_position, by)
     ).where(true())
-    upsert = (
-        insert(EventStream)
-        .from_select([EventStream.workspace_id, EventStream.last_position], first_position)
-        .on_conflict_do_update(
-            index_elements=[EventStream.workspace_id],
-            set_={"last_position": EventStream.last_position + 1},
-        )
+    upsert = insert(EventStream).from_select(
+        [EventStream.workspace_id, EventStream.last_position], first_positions
+    )
+    upsert = upsert.on_conflict_do_update(
+        index_elements=[EventStream.workspace_id],
+        set_={"last_position": EventStream.last_position + upsert.excluded.last_position},
     )
     if dialect != "postgresql":
         return upsert.returning(EventStream.last_position, EventStream.workspace_id)

@@ -27,10 +27,12 @@ one statement. What it saves is half the general path's commits (each an
 fsync under ``synchronous=FULL``) and its reads through the ORM: the general
 path runs ~14 statements in 4 transactions.
 The keys of one worker message can also share the two transactions: two
-commits for the message rather than two per key. On PostgreSQL each group
-is one simple query the server reads whole before it runs any of it, so no
-group's transaction ever waits on its worker (:class:`FastPath` says why
-that matters).
+commits for the message rather than two per key. On PostgreSQL each of
+the two statements takes a group's keys (a key alone is a group of one) and
+writes each hot row -- the workspace's identifier sequence, its stream's
+position -- once for the group; each group is one simple query the server
+reads whole before it runs any of it, so no group's transaction ever waits
+on its worker (:class:`FastPath` says why that matters).
 
 Why it exists, what it hands back to the general path and when:
 docs/architecture.md, "The fast path".
@@ -54,6 +56,7 @@ from psycopg import sql as psycopg_sql
 from sqlalchemy import (
     Connection,
     Engine,
+    Text,
     and_,
     bindparam,
     case,
@@ -62,8 +65,8 @@ from sqlalchemy import (
     func,
     literal_column,
     null,
+    or_,
     select,
-    true,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
@@ -82,6 +85,7 @@ from models.tables import (
     TaskEvent,
     WebhookSource,
     WorkflowStep,
+    Workspace,
     sql_constant,
     utcnow,
 )
@@ -90,12 +94,14 @@ from models.tasks import (
     MAX_REMOTE_KEY_LENGTH,
     MAX_TITLE_LENGTH,
     SourceLink,
+    advance_task_sequence,
     allocate_identifier,
     holds_identity,
     insert_task_statement,
     intake_step_query,
     link_source_statement,
     settle_statement,
+    task_identifier,
 )
 
 #: A PostgreSQL regular expression for a value that is Unicode White_Space
@@ -139,10 +145,10 @@ class _Statement:
         named = {**self.constants, **values}
         return [named[name] for name in self.order]
 
-    def run(self, connection: psycopg.Connection, **values: object) -> tuple | None:
-        """Run it with ``values``; its one row, or None."""
+    def run(self, connection: psycopg.Connection, **values: object) -> list[tuple]:
+        """Run it with ``values``; its rows."""
         with psycopg.RawCursor(connection) as cursor:
-            return cursor.execute(self.text, self.params(**values)).fetchone()
+            return cursor.execute(self.text, self.params(**values)).fetchall()
 
     @functools.cached_property
     def name(self) -> str:
@@ -165,15 +171,15 @@ def _run_together(
     connection: psycopg.Connection,
     statement: _Statement,
     delivery_pks: Sequence[int],
-    executions: Sequence[str],
-) -> list[tuple | None]:
-    """A group's ``executions`` (each an ``EXECUTE`` of ``statement``, one per
-    key of ``delivery_pks``) after its delivery rows are locked in key order,
-    as one simple query: PostgreSQL reads the whole message before it runs
-    any of it and runs it as one implicit transaction, committed at its end
-    or, at any error, rolled back whole (and the error raised). ``statement``
-    is prepared here first where the connection has not yet. The first row
-    of each execution's result, in order.
+    execution: str,
+) -> list[tuple]:
+    """A group's ``execution`` (an ``EXECUTE`` of ``statement`` for the keys
+    ``delivery_pks``) after its delivery rows are locked in key order, as
+    one simple query: PostgreSQL reads the whole message before it runs any
+    of it and runs it as one implicit transaction, committed at its end or,
+    at any error, rolled back whole (and the error raised). ``statement`` is
+    prepared here first where the connection has not yet. The execution's
+    rows.
 
     The lock comes first so that two groups sharing keys (a resend, a
     redelivery) queue on their first shared row, holding nothing the other
@@ -190,16 +196,14 @@ def _run_together(
             cursor.execute(f"PREPARE {statement.name} AS {statement.text}")
             prepared.add(statement.name)
         try:
-            cursor.execute(";\n".join([lock, *executions]))
+            cursor.execute(f"{lock};\n{execution}")
         except errors.InvalidSqlStatementName:
             # The session forgot it (a DISCARD ALL): nothing ran; the next
             # group prepares it again.
             prepared.clear()
             raise
-        rows = []
-        while cursor.nextset():  # past the lock's result: each execution's
-            rows.append(cursor.fetchone())
-    return rows
+        cursor.nextset()  # past the lock's result
+        return cursor.fetchall()
 
 
 def _parameter(name: str, type_=None):
@@ -249,37 +253,101 @@ def _creates_tasks(dialect: str, create_events, event):
     return exists(select(named.c.value).where(named.c.value == event))
 
 
+def _keys(name: str):
+    """A parameter that is a list of the group's values, one a key, in order.
+
+    Read through a subquery, so that no plan knows the list's length: a
+    custom plan would (its values are constants), a generic plan would not,
+    their costs would then differ, and PostgreSQL would plan the whole
+    statement anew at every run (~1 ms) rather than reuse its generic plan
+    (docs/performance.md §26)."""
+    return select(cast(_parameter(name), postgresql.ARRAY(_ARRAY_TYPES[name]))).scalar_subquery()
+
+
+#: The element type of each list parameter (:func:`_keys`): its column's.
+_ARRAY_TYPES = {
+    "deliveries": Delivery.id.type,
+    "tasks": Task.id.type,
+    "attempts": Delivery.attempts.type,
+    "external_ids": Text(),
+    "providers": Text(),
+    "urls": Text(),
+    "remote_keys": Text(),
+}
+
+
 @functools.cache
 def _claim_and_insert() -> _Statement:
-    """One statement, one snapshot. The claim decides whether this is the plain
-    case (:func:`plain_case`), on the row it updates, and records the id the
-    task is inserted with (drawn from the table's own sequence beforehand)
-    only then; any other case goes to the general path with nothing but the
-    lease written. A unique violation (a rival's insert after our snapshot)
-    rolls the whole statement back."""
-    delivery = _parameter("delivery", Delivery.id.type)
+    """One statement, one snapshot, for a group of keys (a list of one: a
+    key alone). The claim decides, per key, whether it is the plain case
+    (:func:`plain_case`), on the row it updates, and records the id its task
+    is inserted with (drawn from the table's own sequence beforehand, one a
+    key) only then; any other case goes to the general path with nothing but
+    the lease written. The plain keys of each workspace then take their
+    identifiers with one update of its row, numbered in the group's order,
+    and their tasks are inserted together. A unique violation (a rival's
+    insert after our snapshot, or two keys of the group for one name) rolls
+    the whole statement back.
+
+    One row a claimed key: its delivery first, then what :func:`_claimed`
+    reads."""
     now = _parameter("now", Delivery.updated_at.type)
-    new_task = select(
+    keys = (
+        func.unnest(_keys("deliveries"))
+        .table_valued("delivery", with_ordinality="nth")
+        .render_derived()
+    )
+    # The id each key's task would have, drawn in the group's order (one a
+    # key, used only by a plain one), then its names.
+    drawn = select(
+        keys.c.delivery,
+        keys.c.nth,
         func.nextval(func.pg_get_serial_sequence(sql_constant("tasks"), sql_constant("id"))).label(
             "id"
+        ),
+    ).cte("drawn")
+    new_task = (
+        select(
+            drawn,
+            WebhookSource.workspace_id,
+            Delivery.external_id,
+            Delivery.draft_stable_key,
         )
-    ).cte("new_task")
-    workspace_id = WebhookSource.workspace_id
+        .join_from(drawn, Delivery, Delivery.id == drawn.c.delivery)
+        .join(WebhookSource, WebhookSource.id == Delivery.source_id)
+        .cte("new_task")
+    )
+    # A key that names what an earlier key of the group names is not the
+    # plain case: within one snapshot it cannot see the earlier one's task,
+    # and the general path finds it (the earlier key need not be plain: the
+    # general path then decides).
+    earlier = new_task.alias("earlier")
+    named_earlier = exists().where(
+        earlier.c.workspace_id == new_task.c.workspace_id,
+        or_(
+            earlier.c.external_id == new_task.c.external_id,
+            earlier.c.draft_stable_key == new_task.c.draft_stable_key,
+        ),
+        earlier.c.nth < new_task.c.nth,
+    )
     claimed = (
         claim_statement(
-            delivery_pk=delivery,
+            # Joined, not ``= ANY(keys)``: the key's row is then found by its
+            # primary key whatever the planner guesses of the list's length.
+            delivery_pk=new_task.c.delivery,
             now=now,
             lease_until=_parameter("lease_until", Delivery.lease_expires_at.type),
             max_lost=_parameter("max_lost", Delivery.attempts.type),
         )
         .values(
             created_task_id=case(
-                (plain_case("postgresql"), select(new_task.c.id).scalar_subquery()),
+                (and_(plain_case("postgresql"), ~named_earlier), new_task.c.id),
                 else_=Delivery.created_task_id,
             )
         )
         .where(WebhookSource.id == Delivery.source_id)
         .returning(
+            Delivery.id,
             Delivery.attempts,
             Delivery.retries,
             Delivery.created_task_id,
@@ -290,120 +358,187 @@ def _claim_and_insert() -> _Statement:
             Delivery.draft_remote_key,
             Delivery.draft_stable_key,
             WebhookSource.provider,
-            workspace_id,
+            WebhookSource.workspace_id,
+            new_task.c.nth,
+            new_task.c.id.label("drawn_id"),
         )
         .cte("claimed")
     )
     plain = (
         select(
-            claimed.c.created_task_id,
-            claimed.c.workspace_id,
-            claimed.c.external_id,
-            claimed.c.draft_stable_key,
-            claimed.c.draft_title,
-            claimed.c.draft_description,
+            claimed,
+            func.row_number()
+            .over(partition_by=claimed.c.workspace_id, order_by=claimed.c.nth)
+            .label("number"),
         )
-        .where(claimed.c.created_task_id == new_task.c.id)
+        .where(claimed.c.created_task_id == claimed.c.drawn_id)
         .cte("plain")
     )
-    intake = (
-        intake_step_query(plain.c.workspace_id).with_only_columns(WorkflowStep.id).cte("intake")
+    count = select(plain.c.workspace_id, func.count().label("n")).group_by(plain.c.workspace_id)
+    count = count.cte("per_workspace")
+    numbers = (
+        advance_task_sequence(count.c.workspace_id, by=count.c.n)
+        .returning(
+            Workspace.id,
+            Workspace.task_prefix,
+            (Workspace.task_sequence - count.c.n).label("last_before"),
+        )
+        .cte("numbers")
     )
-    number = allocate_identifier(plain.c.workspace_id).cte("number")
+    numbered = (
+        select(
+            plain,
+            task_identifier(numbers.c.task_prefix, numbers.c.last_before + plain.c.number).label(
+                "identifier"
+            ),
+        )
+        .join(numbers, numbers.c.id == plain.c.workspace_id)
+        .cte("numbered")
+    )
     inserted = (
         insert_task_statement(
-            task_id=plain.c.created_task_id,
-            workspace_id=plain.c.workspace_id,
-            identifier=number.c.identifier,
-            title=plain.c.draft_title,
-            description=plain.c.draft_description,
-            step_id=intake.c.id,
-            external_id=plain.c.external_id,
-            stable_key=plain.c.draft_stable_key,
-            created_by_delivery=delivery,
+            task_id=numbered.c.created_task_id,
+            workspace_id=numbered.c.workspace_id,
+            identifier=numbered.c.identifier,
+            title=numbered.c.draft_title,
+            description=numbered.c.draft_description,
+            step_id=intake_step_query(numbered.c.workspace_id)
+            .with_only_columns(WorkflowStep.id)
+            .scalar_subquery(),
+            external_id=numbered.c.external_id,
+            stable_key=numbered.c.draft_stable_key,
+            created_by_delivery=numbered.c.id,
             now=now,
         )
         .returning(Task.id, Task.identifier)
         .cte("inserted")
     )
-    statement = select(
-        claimed.c.attempts,
-        claimed.c.retries,
-        inserted.c.id,
-        inserted.c.identifier,
-        claimed.c.workspace_id,
-        claimed.c.external_id,
-        claimed.c.provider,
-        claimed.c.draft_url,
-        claimed.c.draft_remote_key,
-        exists(select(plain.c.created_task_id)).label("marked"),
-    ).select_from(claimed.outerjoin(inserted, true()))
+    statement = (
+        select(
+            claimed.c.id,
+            claimed.c.attempts,
+            claimed.c.retries,
+            inserted.c.id,
+            inserted.c.identifier,
+            claimed.c.workspace_id,
+            claimed.c.external_id,
+            claimed.c.provider,
+            claimed.c.draft_url,
+            claimed.c.draft_remote_key,
+            exists().where(plain.c.id == claimed.c.id).label("marked"),
+        )
+        .select_from(claimed)
+        .outerjoin(inserted, inserted.c.id == claimed.c.created_task_id)
+    )
     return _Statement.compile(
-        statement, parameters=frozenset({"delivery", "now", "lease_until", "max_lost"})
+        statement, parameters=frozenset({"deliveries", "now", "lease_until", "max_lost"})
     )
 
 
 @functools.cache
 def _settle_and_finish() -> _Statement:
-    """Each part runs only when the settlement matched one row: the event
-    exists exactly when the create settled, and the delivery is done exactly
-    then. The stream row stays locked until this statement commits."""
-    task = _parameter("task", Task.id.type)
-    external_id = _parameter("external_id", Task.external_id.type)
+    """Steps 6 and 7, the events and the deliveries' ``done`` for a group of
+    plain keys (a list of one: a key alone), each given as its task, the
+    identity it was created with, its source link, its delivery and
+    attempt. Each part of a key runs only when its settlement matched its
+    task's row: the event exists exactly when the create settled, and the
+    delivery is done exactly then. Each workspace's stream advances once
+    for its settled keys, numbered in the group's order; its row stays
+    locked until this statement commits.
+
+    One row a key, in order: whether it settled, whether it finished."""
     now = _parameter("now", Task.created_at.type)
+    given = (
+        func.unnest(*(_keys(name) for name in _SETTLED_KEYS))
+        .table_valued(*_SETTLED_KEYS, with_ordinality="nth")
+        .render_derived()
+    )
+    given = select(given).cte("given")
     source = (
         link_source_statement(
             "postgresql",
-            task_id=task,
-            provider=_parameter("provider"),
-            url=_parameter("url"),
-            remote_key=_parameter("remote_key"),
+            task_id=given.c.tasks,
+            provider=given.c.providers,
+            url=given.c.urls,
+            remote_key=given.c.remote_keys,
             now=now,
         )
         .returning(literal_column("1"))
         .cte("source")
     )
     settled = (
-        settle_statement(task_id=task, external_id=external_id, now=now)
-        .returning(Task.workspace_id)
+        settle_statement(task_id=given.c.tasks, external_id=given.c.external_ids, now=now)
+        .returning(Task.id, Task.workspace_id, Task.external_id, given.c.nth)
         .cte("settled")
     )
-    stream = advance_stream("postgresql", settled.c.workspace_id).cte("stream")
+    count = select(settled.c.workspace_id, func.count().label("n"))
+    count = count.group_by(settled.c.workspace_id).cte("per_workspace")
+    stream = advance_stream("postgresql", count.c.workspace_id, by=count.c.n).cte("stream")
+    position = (
+        stream.c.last_position
+        - count.c.n
+        + func.row_number().over(partition_by=settled.c.workspace_id, order_by=settled.c.nth)
+    )
+    numbered = (
+        select(
+            settled.c.id,
+            settled.c.workspace_id,
+            settled.c.external_id,
+            position.label("position"),
+        )
+        .join(count, count.c.workspace_id == settled.c.workspace_id)
+        .join(stream, stream.c.workspace_id == settled.c.workspace_id)
+        .cte("numbered")
+    )
     event = (
         event_statement(
-            workspace_id=stream.c.workspace_id,
-            position=stream.c.last_position,
+            workspace_id=numbered.c.workspace_id,
+            position=numbered.c.position,
             type=sql_constant(EventType.CREATED.value),
-            task_id=task,
-            external_id=external_id,
+            task_id=numbered.c.id,
+            external_id=numbered.c.external_id,
             occurred_at=now,
         )
         .returning(literal_column("1"))
         .cte("event")
     )
-    settled_one = exists(select(settled.c.workspace_id))
     finished = (
-        fenced_update(delivery_pk=_parameter("delivery"), attempt=_parameter("attempt"))
-        .where(settled_one)
+        fenced_update(delivery_pk=given.c.deliveries, attempt=given.c.attempts)
+        .where(exists().where(settled.c.id == given.c.tasks))
         .values(
             finish_values(
                 status=sql_constant(DeliveryStatus.DONE.value),
                 reason=null(),
                 now=now,
                 outcome=sql_constant("created"),
-                task_id=task,
+                task_id=given.c.tasks,
             )
         )
         .returning(Delivery.id)
         .cte("finished")
     )
-    statement = select(settled_one, exists(select(finished.c.id))).add_cte(source, event)
-    return _Statement.compile(
-        statement,
-        parameters=frozenset(
-            {"task", "external_id", "provider", "url", "remote_key", "delivery", "attempt", "now"}
-        ),
+    statement = (
+        select(
+            exists().where(settled.c.id == given.c.tasks),
+            exists().where(finished.c.id == given.c.deliveries),
+        )
+        .select_from(given)
+        .order_by(given.c.nth)
+        .add_cte(source, event)
     )
+    return _Statement.compile(statement, parameters=frozenset({*_SETTLED_KEYS, "now"}))
+
+
+#: A settled key's values, each a list parameter (:func:`_keys`), in order.
+_SETTLED_KEYS = (
+    "tasks",
+    "external_ids",
+    "providers",
+    "urls",
+    "remote_keys",
+    "deliveries",
+    "attempts",
+)
 
 
 class LostTheRace(Exception):
@@ -469,10 +604,13 @@ class FastPath:
     (:meth:`claim_and_insert_many`, :meth:`settle_and_finish_many`): every
     create in a workspace updates its row (the identifier) and holds it to
     its commit, so one key a transaction queues each create behind the one
-    before's WAL flush, while a group flushes once. Each group is one simple
-    query -- its rows locked in key order, then each key's statement, run by
-    ``EXECUTE`` of the statement a key alone runs, prepared once a
-    connection -- so the server runs a group's transaction from start to
+    before's WAL flush, while a group flushes once. And each update leaves a
+    version of the row that later creates walk past until a vacuum, so a
+    group updates each workspace's row, and each stream's, once for all its
+    keys (docs/performance.md §26). Each group is one simple query -- its
+    rows locked in key order, then an ``EXECUTE`` of the statement a key
+    alone runs, given the group's keys, prepared once a connection -- so
+    the server runs a group's transaction from start to
     commit without waiting on its worker: a worker cut off mid-message holds
     no workspace's creates (a transaction the worker drives, statement by
     statement, would hold them until the server noticed the worker gone,
@@ -492,64 +630,49 @@ class FastPath:
 
         Raises :class:`LostTheRace` when a rival create won the unique index.
         """
-        now = utcnow()
+        values = _claim_values([delivery_pk], lease_seconds=lease_seconds, max_lost=max_lost)
         with _lost_the_race():
-            row = _claim_and_insert().run(
-                self.connection,
-                delivery=delivery_pk,
-                now=now,
-                lease_until=now + timedelta(seconds=lease_seconds),
-                max_lost=max_lost,
-            )
-        return _claimed(delivery_pk, row)
+            rows = _claim_and_insert().run(self.connection, **values)
+        (claimed,) = _claims([delivery_pk], rows)
+        return claimed
 
     def claim_and_insert_many(
         self, delivery_pks: Sequence[int], *, lease_seconds: float, max_lost: int
     ) -> list[Claimed | None]:
-        """:meth:`claim_and_insert` for each key in order, all in one
-        transaction (:func:`_run_together`). A key that is not the plain
-        case keeps its lease in it. Whatever one key raises (:class:`LostTheRace`,
-        a database error) rolls back every key's claim and insert, then is
+        """:meth:`claim_and_insert` for each key, one statement in one
+        transaction (:func:`_run_together`); a key given twice is claimed
+        once, and None the second time. A key that is not the plain case
+        keeps its lease in it. Whatever fails (:class:`LostTheRace`, a
+        database error) rolls back every key's claim and insert, then is
         raised."""
-        now = utcnow()
-        values = {"now": now, "lease_until": now + timedelta(seconds=lease_seconds)}
         claim = _claim_and_insert()
-        executions = [
-            claim.execute(self.connection, delivery=pk, max_lost=max_lost, **values)
-            for pk in delivery_pks
-        ]
+        values = _claim_values(delivery_pks, lease_seconds=lease_seconds, max_lost=max_lost)
+        execution = claim.execute(self.connection, **values)
         with _lost_the_race():
-            rows = _run_together(self.connection, claim, delivery_pks, executions)
-        return [_claimed(pk, row) for pk, row in zip(delivery_pks, rows, strict=True)]
+            rows = _run_together(self.connection, claim, delivery_pks, execution)
+        return _claims(delivery_pks, rows)
 
     def settle_and_finish(self, *, task: Task, source: SourceLink, lease: Lease) -> Settlement:
         """Steps 6 and 7, the event, and the delivery's ``done``: one transaction."""
+        values = _settlement_values([Claimed(lease, Inserted(task, source))])
         try:
-            row = _settle_and_finish().run(
-                self.connection, **_settlement_values(task, source, lease)
-            )
+            (row,) = _settle_and_finish().run(self.connection, **values)
         except errors.ForeignKeyViolation:
             return Settlement.NOT_SETTLED  # the task was deleted: its source link has no row
         return _settlement(row)
 
     def settle_and_finish_many(self, claims: Sequence[Claimed]) -> list[Settlement] | None:
-        """:meth:`settle_and_finish` for each plain case (``claimed.inserted``)
-        in order, all in one transaction (:func:`_run_together`). A key that
+        """:meth:`settle_and_finish` for each plain case (``claimed.inserted``),
+        one statement in one transaction (:func:`_run_together`). A key that
         did not settle keeps its source link, as it would alone, and is
         answered ``NOT_SETTLED``. None when a task was deleted (its source
         link has no row): the group rolled back whole, and each key settles
         alone. A database error rolls back the group and is raised."""
         settle = _settle_and_finish()
-        executions = []
-        for claimed in claims:
-            if claimed.inserted is None:
-                raise ValueError(f"delivery {claimed.lease.delivery_pk}: no task to settle")
-            task, source = claimed.inserted.task, claimed.inserted.source
-            values = _settlement_values(task, source, claimed.lease)
-            executions.append(settle.execute(self.connection, **values))
+        execution = settle.execute(self.connection, **_settlement_values(claims))
         delivery_pks = [claimed.lease.delivery_pk for claimed in claims]
         try:
-            rows = _run_together(self.connection, settle, delivery_pks, executions)
+            rows = _run_together(self.connection, settle, delivery_pks, execution)
         except errors.ForeignKeyViolation:
             return None
         return [_settlement(row) for row in rows]
@@ -564,6 +687,25 @@ def _lost_the_race() -> Iterator[None]:
         if error.diag.constraint_name not in NAME_TAKEN:
             raise
         raise LostTheRace() from error
+
+
+def _claim_values(
+    delivery_pks: Sequence[int], *, lease_seconds: float, max_lost: int
+) -> dict[str, object]:
+    now = utcnow()
+    return {
+        "deliveries": list(dict.fromkeys(delivery_pks)),  # each key once, in order
+        "now": now,
+        "lease_until": now + timedelta(seconds=lease_seconds),
+        "max_lost": max_lost,
+    }
+
+
+def _claims(delivery_pks: Sequence[int], rows: Sequence[tuple]) -> list[Claimed | None]:
+    """What the claim-and-insert statement's rows (one a claimed key, its
+    delivery first) say of each key, in order."""
+    claimed = {row[0]: row[1:] for row in rows}
+    return [_claimed(pk, claimed.pop(pk, None)) for pk in delivery_pks]
 
 
 def _claimed(delivery_pk: int, row: tuple | None) -> Claimed | None:
@@ -591,15 +733,21 @@ def _claimed(delivery_pk: int, row: tuple | None) -> Claimed | None:
     return Claimed(lease, inserted)
 
 
-def _settlement_values(task: Task, source: SourceLink, lease: Lease) -> dict[str, object]:
+def _settlement_values(claims: Sequence[Claimed]) -> dict[str, object]:
+    """The settle-and-finish statement's lists (:data:`_SETTLED_KEYS`), one
+    entry a plain case."""
+    for claimed in claims:
+        if claimed.inserted is None:
+            raise ValueError(f"delivery {claimed.lease.delivery_pk}: no task to settle")
+    inserted = [claimed.inserted for claimed in claims]
     return {
-        "task": task.id,
-        "external_id": task.external_id,
-        "provider": source.provider,
-        "url": source.url,
-        "remote_key": source.remote_key,
-        "delivery": lease.delivery_pk,
-        "attempt": lease.attempt,
+        "tasks": [each.task.id for each in inserted],
+        "external_ids": [each.task.external_id for each in inserted],
+        "providers": [each.source.provider for each in inserted],
+        "urls": [each.source.url for each in inserted],
+        "remote_keys": [each.source.remote_key for each in inserted],
+        "deliveries": [claimed.lease.delivery_pk for claimed in claims],
+        "attempts": [claimed.lease.attempt for claimed in claims],
         "now": utcnow(),
     }
 
@@ -727,7 +875,11 @@ class SQLiteFastPath:
     one-key transaction's statements, in their order; the one-key methods are
     the group methods with a group of one. A key that fails fails its group,
     which rolls back whole, and the worker runs each key alone
-    (docs/architecture.md, "The fast path").
+    (docs/architecture.md, "The fast path"). A group's updates of its
+    workspace's row and its stream's, one a key, rewrite pages its
+    transaction already holds: SQLite keeps no old versions of a row, so the
+    one-update-a-group statements PostgreSQL's group runs would save it
+    nothing.
     """
 
     def __init__(self, connection: Connection) -> None:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from sqlalchemy import String, cast, func, select, update
+from sqlalchemy import String, cast, func, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,7 +54,7 @@ from models.identities import (
 )
 from models.integrity import violated_unique_index
 from models.names import Name
-from models.statements import dialect_insert, insert_from_values
+from models.statements import dialect_insert, insert_from_values, sql_value
 from models.tables import (
     Base,
     IdentityRelease,
@@ -445,16 +445,27 @@ def allocate_identifier(workspace_id):
     """Step 5's identifier: the workspace's next sequence number, ``PREFIX-N``.
     The UPDATE locks the workspace row until commit, which also serializes a
     WIP count against concurrent creates."""
+    return advance_task_sequence(workspace_id, by=1).returning(
+        task_identifier(Workspace.task_prefix, Workspace.task_sequence).label("identifier")
+    )
+
+
+def advance_task_sequence(workspace_id, *, by):
+    """The UPDATE that takes ``by`` numbers of the workspace's sequence at
+    once (values or SQL expressions): the last of them is its new
+    ``task_sequence``. A create's identifier is one of them
+    (:func:`task_identifier`); the fast path numbers a group's creates in a
+    workspace with one update, one version of the row, not one a create."""
     return (
         update(Workspace)
         .where(Workspace.id == workspace_id)
-        .values(task_sequence=Workspace.task_sequence + 1)
-        .returning(
-            (
-                Workspace.task_prefix + sql_constant("-") + cast(Workspace.task_sequence, String)
-            ).label("identifier")
-        )
+        .values(task_sequence=Workspace.task_sequence + by)
     )
+
+
+def task_identifier(prefix, number):
+    """SQL: the identifier ``PREFIX-N`` of a workspace's ``number``-th task."""
+    return prefix + sql_constant("-") + cast(number, String)
 
 
 def insert_task_statement(
@@ -527,10 +538,20 @@ def settle_statement(*, task_id, external_id, now):
 def link_source_statement(dialect: str, *, task_id, provider, url, remote_key, now):
     """Step 6: link the task to the item it came from; a second write for the
     task is a no-op."""
-    insert = dialect_insert(dialect)
+    values = {
+        TaskSource.task_id: task_id,
+        TaskSource.provider: provider,
+        TaskSource.url: url,
+        TaskSource.remote_key: remote_key,
+        TaskSource.created_at: now,
+    }
+    # INSERT ... SELECT, so that the values may be columns of a query (the
+    # fast path links a group's tasks at once); WHERE true: SQLite reads an
+    # INSERT ... SELECT followed by ON CONFLICT only when the SELECT has one.
+    rows = select(*(sql_value(column, value) for column, value in values.items())).where(true())
     return (
-        insert(TaskSource)
-        .values(task_id=task_id, provider=provider, url=url, remote_key=remote_key, created_at=now)
+        dialect_insert(dialect)(TaskSource)
+        .from_select(list(values), rows)
         .on_conflict_do_nothing(index_elements=[TaskSource.task_id])
     )
 

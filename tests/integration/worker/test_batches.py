@@ -18,14 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import pytest
-from sqlalchemy import event, false, true, update
+from sqlalchemy import event, false, select, true, update
 
 import worker.tasks
 from models import fastpath
 from models.access import Caller
 from models.db import session_scope
+from models.events import EventType
 from models.inbox import DeliveryStatus, claim
-from models.tables import Delivery, Task
+from models.tables import Delivery, Task, TaskEvent
 from models.tasks import NewTask, SourceLink, create_task, delete_task
 from tests.support.feeds import (
     Feed,
@@ -59,15 +60,15 @@ def batches(store: Store) -> bool:
 
 
 @pytest.fixture
-def groups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[str]]]:
+def groups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], str]]:
     """Each simple query PostgreSQL's fast path sent for a group: its keys and
-    the statements it ran after locking them."""
-    sent: list[tuple[list[int], list[str]]] = []
+    the statement it ran after locking them."""
+    sent: list[tuple[list[int], str]] = []
     run_together = fastpath._run_together
 
-    def counted(connection, statement, delivery_pks, executions):
-        sent.append((list(delivery_pks), list(executions)))
-        return run_together(connection, statement, delivery_pks, executions)
+    def counted(connection, statement, delivery_pks, execution):
+        sent.append((list(delivery_pks), execution))
+        return run_together(connection, statement, delivery_pks, execution)
 
     monkeypatch.setattr(fastpath, "_run_together", counted)
     return sent
@@ -126,7 +127,7 @@ def held_by_hand(store: Store, feed, number: int, *, title: str) -> Task:
 
 
 def test_a_message_of_plain_keys_commits_twice(
-    store: Store, commits: list[object], groups: list[tuple[list[int], list[str]]]
+    store: Store, commits: list[object], groups: list[tuple[list[int], str]]
 ):
     feed = make_feed(store.sessions)
     pks = [store_github_issue(store.sessions, feed, number) for number in range(1, 5)]
@@ -145,12 +146,96 @@ def test_a_message_of_plain_keys_commits_twice(
         assert len(commits) == 2  # the claims and inserts, then the settlements
     elif batches(store):
         # The claims and inserts, then the settlements: each one simple query,
-        # its rows locked first, then one EXECUTE a key.
+        # its rows locked first, then one EXECUTE for all the keys.
         assert [keys for keys, _ in groups] == [pks, pks]
-        assert [len(executions) for _, executions in groups] == [4, 4]
-        assert all(text.startswith("EXECUTE ") for _, group in groups for text in group)
+        assert all(execution.startswith("EXECUTE ") for _, execution in groups)
     else:
         assert "batch" not in {p.path for p in processed}
+
+
+def test_a_message_across_workspaces_numbers_each_in_the_messages_order(store: Store):
+    """Two workspaces' keys in one message, with a key the general path
+    decides among them: each workspace's identifiers and stream positions go
+    on from where they were, in the message's order, and none is skipped for
+    the key that was not the plain case (docs/contract.md, "Why the lookup
+    comes first")."""
+    acme = make_feed(store.sessions, "acme", "ACME")
+    beta = make_feed(store.sessions, "beta", "BETA")
+    by_hand = held_by_hand(store, acme, 3, title="made by hand")  # ACME-1
+    issue = partial(store_github_issue, store.sessions)
+    pks = [issue(beta, 1), issue(acme, 1), issue(acme, 3), issue(beta, 2), issue(acme, 2)]
+
+    processed = run_message(store, pks)
+
+    assert [answer(p)[1] for p in processed] == ["created"] * 2 + ["found_settled"] + [
+        "created"
+    ] * 2
+    assert [
+        (t.created_by_delivery, t.identifier) for t in tasks_of(store.sessions, acme.workspace_id)
+    ] == [
+        (None, "ACME-1"),
+        (pks[1], "ACME-2"),
+        (pks[4], "ACME-3"),
+    ]
+    assert [
+        (t.created_by_delivery, t.identifier) for t in tasks_of(store.sessions, beta.workspace_id)
+    ] == [
+        (pks[0], "BETA-1"),
+        (pks[3], "BETA-2"),
+    ]
+    with store.sessions() as session:
+        events = session.execute(
+            select(TaskEvent.workspace_id, TaskEvent.position, Task.created_by_delivery)
+            .join(Task, Task.id == TaskEvent.task_id)
+            .where(TaskEvent.type == EventType.CREATED.value)
+            .order_by(TaskEvent.workspace_id, TaskEvent.position)
+        ).all()
+    assert events == [
+        (acme.workspace_id, 1, None),
+        (acme.workspace_id, 2, pks[1]),
+        (acme.workspace_id, 3, pks[4]),
+        (beta.workspace_id, 1, pks[0]),
+        (beta.workspace_id, 2, pks[3]),
+    ]
+    assert by_hand.identifier == "ACME-1"
+
+
+def test_a_group_writes_its_workspaces_row_and_stream_once(fast_path_store: Store):
+    """Every create takes a number from its workspace's row and a position
+    from its stream's row, and PostgreSQL keeps each update as a new version
+    of the row, which each later create walks past until a vacuum
+    (docs/performance.md §25): a group takes all its keys' numbers, and all
+    their positions, with one write of each row."""
+    store = fast_path_store
+    feed = make_feed(store.sessions)
+    pks = [store_github_issue(store.sessions, feed, number) for number in range(1, 5)]
+    counting = [
+        "CREATE TABLE row_writes (written text)",
+        "CREATE FUNCTION count_row_write() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN INSERT INTO row_writes VALUES (TG_TABLE_NAME); RETURN NULL; END $$",
+        *(
+            f"CREATE TRIGGER counted AFTER INSERT OR UPDATE ON {table}"
+            " FOR EACH ROW EXECUTE FUNCTION count_row_write()"
+            for table in ("workspaces", "event_streams")
+        ),
+    ]
+    with store.engine.begin() as connection:
+        for statement in counting:
+            connection.exec_driver_sql(statement)
+    try:
+        processed = run_message(store, pks)
+        with store.engine.connect() as connection:
+            written = connection.exec_driver_sql(
+                "SELECT written, count(*) FROM row_writes GROUP BY written ORDER BY written"
+            ).all()
+    finally:
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql("DROP TABLE row_writes")
+            connection.exec_driver_sql("DROP FUNCTION count_row_write() CASCADE")
+
+    assert [p.path for p in processed] == ["batch"] * 4
+    assert_created_and_settled(store, feed, pks)
+    assert written == [("event_streams", 1), ("workspaces", 1)]
 
 
 def test_a_message_of_one_key_runs_it_alone(store: Store):
@@ -163,7 +248,7 @@ def test_a_message_of_one_key_runs_it_alone(store: Store):
 
 
 def test_behind_pgbouncer_a_messages_keys_run_alone_on_postgresql(
-    store: Store, groups: list[tuple[list[int], list[str]]]
+    store: Store, groups: list[tuple[list[int], str]]
 ):
     """A group prepares its statements, which a session behind PgBouncer
     would not keep: there each key runs alone (SQLite has no pooler)."""
@@ -431,7 +516,7 @@ def test_an_error_in_one_keys_claim_holds_up_no_other_key(
     execute = fastpath._Statement.execute
 
     def failing_in_the_database(statement, connection, **values):
-        if values.get("delivery") == broken:  # PostgreSQL's group: an error mid-query
+        if broken in values.get("deliveries", ()):  # PostgreSQL's group: an error mid-query
             return "SELECT 1 / 0"
         return execute(statement, connection, **values)
 
