@@ -23,8 +23,9 @@ from models.sources import add_source
 from models.tasks import NewTask, create_task, delete_task
 from tests.support.deliveries import fixture
 from tests.support.feeds import JIRA_SITE, make_feed, store_delivery, tasks_of
-from tests.support.runs import run
+from tests.support.runs import SETTINGS, run
 from tests.support.stores import Store
+from worker.processing import process_deliveries
 
 SCAN = "scan"
 OLD_REPO, NEW_REPO = "octo-org/octo-repo", "Codertocat/Hello-World"
@@ -130,6 +131,38 @@ def test_a_late_create_at_the_source_after_the_transfer_is_found(store: Store):
     )
 
     assert (late.outcome, late.task_id) == ("found_settled", opened.task_id)
+
+
+def test_both_names_of_a_renamed_repository_s_issue_in_one_message_are_one_task(store: Store):
+    """One issue opened under its repository's old name and its new one (the
+    same repository id, so the same stable key), keys of one worker message:
+    on the fast path they share one snapshot, in which the second cannot see
+    the first's task, so it is not the plain case, and the general path
+    finds the task by its stable key."""
+    feed = make_feed(store.sessions)
+    source = feed.github_source_id
+    keys = [
+        deliver(store, source, "github", "issues.opened", github_opened(repo, 1, 7))
+        for repo in (OLD_REPO, NEW_REPO)
+    ]
+
+    with session_scope(store.sessions) as session:
+        old_name, new_name = process_deliveries(
+            session=session, delivery_pks=keys, settings=store.worker_settings(SETTINGS)
+        )
+
+    assert old_name.outcome == "created"
+    assert (new_name.outcome, new_name.task_id) == ("found_settled", old_name.task_id)
+    assert len(tasks_of(store.sessions, feed.workspace_id)) == 1
+    if store.takes_fast_path and store.dialect == "postgresql":
+        # The group kept: the second key was not the plain case.
+        assert [old_name.path, new_name.path] == ["batch", "general"]
+    elif store.takes_fast_path:
+        # SQLite's group runs key by key and sees the first key's task; the
+        # second key's insert meets its stable key on the unique index (the
+        # plain case leaves a move to it: models.identities), and the
+        # message runs key by key instead.
+        assert [old_name.path, new_name.path] == ["fast", "general"]
 
 
 def test_a_deleted_task_does_not_come_back_when_its_item_is_transferred(store: Store):
