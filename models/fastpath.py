@@ -264,6 +264,26 @@ def _keys(name: str):
     return select(cast(_parameter(name), postgresql.ARRAY(_ARRAY_TYPES[name]))).scalar_subquery()
 
 
+def _listed(*names: str):
+    """The lists ``names`` side by side, a row a key, numbered ``nth`` in the
+    group's order: the rows of a SELECT (:meth:`Select.select_from`), and
+    the ``LIMIT`` to give it, their number.
+
+    The limit changes no result; it is there for the planner, which would
+    guess 10 rows of a list it cannot see and, with a table near empty as
+    its generic plan is made (a fresh database, on a server whose analyze
+    has not run), scan that table once rather than look up 10 keys --
+    then keep that plan while the table grows, a group's cost growing with
+    it. A limit it cannot see it takes for a tenth of its input: one row,
+    looked up by its key (docs/performance.md §26)."""
+    rows = (
+        func.unnest(*(_keys(name) for name in names))
+        .table_valued(*names, with_ordinality="nth")
+        .render_derived()
+    )
+    return rows, func.cardinality(_keys(names[0]))
+
+
 #: The element type of each list parameter (:func:`_keys`): its column's.
 _ARRAY_TYPES = {
     "deliveries": Delivery.id.type,
@@ -292,20 +312,20 @@ def _claim_and_insert() -> _Statement:
     One row a claimed key: its delivery first, then what :func:`_claimed`
     reads."""
     now = _parameter("now", Delivery.updated_at.type)
-    keys = (
-        func.unnest(_keys("deliveries"))
-        .table_valued("delivery", with_ordinality="nth")
-        .render_derived()
-    )
+    keys, count = _listed("deliveries")
     # The id each key's task would have, drawn in the group's order (one a
     # key, used only by a plain one), then its names.
-    drawn = select(
-        keys.c.delivery,
-        keys.c.nth,
-        func.nextval(func.pg_get_serial_sequence(sql_constant("tasks"), sql_constant("id"))).label(
-            "id"
-        ),
-    ).cte("drawn")
+    drawn = (
+        select(
+            keys.c.deliveries.label("delivery"),
+            keys.c.nth,
+            func.nextval(
+                func.pg_get_serial_sequence(sql_constant("tasks"), sql_constant("id"))
+            ).label("id"),
+        )
+        .limit(count)
+        .cte("drawn")
+    )
     new_task = (
         select(
             drawn,
@@ -448,12 +468,8 @@ def _settle_and_finish() -> _Statement:
 
     One row a key, in order: whether it settled, whether it finished."""
     now = _parameter("now", Task.created_at.type)
-    given = (
-        func.unnest(*(_keys(name) for name in _SETTLED_KEYS))
-        .table_valued(*_SETTLED_KEYS, with_ordinality="nth")
-        .render_derived()
-    )
-    given = select(given).cte("given")
+    rows, count = _listed(*_SETTLED_KEYS)
+    given = select(rows).limit(count).cte("given")
     source = (
         link_source_statement(
             "postgresql",

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 
+import psycopg
+import psycopg.sql
 import pytest
 from sqlalchemy import select, update
 
+from models import fastpath
 from models.access import Caller
 from models.db import session_scope
 from models.events import events_after
@@ -361,3 +364,52 @@ def test_a_kept_draft_longer_than_the_store_keeps_is_created_from_the_body_inste
         as_the_body_says.draft_title,
         as_the_body_says.draft_description,
     )
+
+
+@pytest.mark.parametrize(
+    "statement, values",
+    [
+        (
+            fastpath._claim_and_insert,
+            {"deliveries": [1, 2], "now": None, "lease_until": None, "max_lost": 3},
+        ),
+        (
+            fastpath._settle_and_finish,
+            {
+                "tasks": [1, 2],
+                "external_ids": ["a", "b"],
+                "providers": ["github"] * 2,
+                "urls": ["u"] * 2,
+                "remote_keys": ["1", "2"],
+                "deliveries": [1, 2],
+                "attempts": [1, 1],
+                "now": None,
+            },
+        ),
+    ],
+    ids=["claim_and_insert", "settle_and_finish"],
+)
+def test_a_plan_made_while_the_tasks_are_few_looks_each_task_up(
+    fast_path_store: Store, statement, values: dict[str, object]
+):
+    """A connection keeps the generic plan PostgreSQL makes of a group's
+    statement at its sixth run, on a fresh database while the tasks are
+    few. A plan that scanned the tasks then would scan them for every group
+    after, a group's cost growing with every task (docs/performance.md
+    §26): each is looked up by a key instead."""
+    compiled = statement()
+    with fast_path(fast_path_store.engine) as fast, psycopg.RawCursor(fast.connection) as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cursor.execute(f"PREPARE empty_tables AS {compiled.text}")
+            literals = ", ".join(
+                psycopg.sql.Literal(value).as_string(fast.connection)
+                for value in compiled.params(**values)
+            )
+            plan = [row[0] for row in cursor.execute(f"EXPLAIN EXECUTE empty_tables({literals})")]
+        finally:
+            cursor.execute("DEALLOCATE ALL")
+            cursor.execute("RESET plan_cache_mode")
+
+    assert not [line for line in plan if "Seq Scan on tasks" in line], "\n".join(plan)
+    assert [line for line in plan if " Scan using " in line and " on tasks" in line]
