@@ -312,7 +312,7 @@ def _claim_and_insert() -> _Statement:
     One row a claimed key: its delivery first, then what :func:`_claimed`
     reads."""
     now = _parameter("now", Delivery.updated_at.type)
-    keys, count = _listed("deliveries")
+    keys, length = _listed("deliveries")
     # The id each key's task would have, drawn in the group's order (one a
     # key, used only by a plain one), then its names.
     drawn = (
@@ -323,7 +323,7 @@ def _claim_and_insert() -> _Statement:
                 func.pg_get_serial_sequence(sql_constant("tasks"), sql_constant("id"))
             ).label("id"),
         )
-        .limit(count)
+        .limit(length)
         .cte("drawn")
     )
     new_task = (
@@ -352,8 +352,9 @@ def _claim_and_insert() -> _Statement:
     )
     claimed = (
         claim_statement(
-            # Joined, not ``= ANY(keys)``: the key's row is then found by its
-            # primary key whatever the planner guesses of the list's length.
+            # Joined, not ``= ANY(keys)``: a generic plan of that combined
+            # the primary key with the status index, reading the entry of
+            # every queued row (docs/performance.md §26).
             delivery_pk=new_task.c.delivery,
             now=now,
             lease_until=_parameter("lease_until", Delivery.lease_expires_at.type),
@@ -394,14 +395,17 @@ def _claim_and_insert() -> _Statement:
         .where(claimed.c.created_task_id == claimed.c.drawn_id)
         .cte("plain")
     )
-    count = select(plain.c.workspace_id, func.count().label("n")).group_by(plain.c.workspace_id)
-    count = count.cte("per_workspace")
+    per_workspace = (
+        select(plain.c.workspace_id, func.count().label("n"))
+        .group_by(plain.c.workspace_id)
+        .cte("per_workspace")
+    )
     numbers = (
-        advance_task_sequence(count.c.workspace_id, by=count.c.n)
+        advance_task_sequence(per_workspace.c.workspace_id, by=per_workspace.c.n)
         .returning(
             Workspace.id,
             Workspace.task_prefix,
-            (Workspace.task_sequence - count.c.n).label("last_before"),
+            (Workspace.task_sequence - per_workspace.c.n).label("last_before"),
         )
         .cte("numbers")
     )
@@ -468,8 +472,8 @@ def _settle_and_finish() -> _Statement:
 
     One row a key, in order: whether it settled, whether it finished."""
     now = _parameter("now", Task.created_at.type)
-    rows, count = _listed(*_SETTLED_KEYS)
-    given = select(rows).limit(count).cte("given")
+    rows, length = _listed(*_SETTLED_KEYS)
+    given = select(rows).limit(length).cte("given")
     source = (
         link_source_statement(
             "postgresql",
@@ -487,12 +491,17 @@ def _settle_and_finish() -> _Statement:
         .returning(Task.id, Task.workspace_id, Task.external_id, given.c.nth)
         .cte("settled")
     )
-    count = select(settled.c.workspace_id, func.count().label("n"))
-    count = count.group_by(settled.c.workspace_id).cte("per_workspace")
-    stream = advance_stream("postgresql", count.c.workspace_id, by=count.c.n).cte("stream")
+    per_workspace = (
+        select(settled.c.workspace_id, func.count().label("n"))
+        .group_by(settled.c.workspace_id)
+        .cte("per_workspace")
+    )
+    stream = advance_stream("postgresql", per_workspace.c.workspace_id, by=per_workspace.c.n).cte(
+        "stream"
+    )
     position = (
         stream.c.last_position
-        - count.c.n
+        - per_workspace.c.n
         + func.row_number().over(partition_by=settled.c.workspace_id, order_by=settled.c.nth)
     )
     numbered = (
@@ -502,7 +511,7 @@ def _settle_and_finish() -> _Statement:
             settled.c.external_id,
             position.label("position"),
         )
-        .join(count, count.c.workspace_id == settled.c.workspace_id)
+        .join(per_workspace, per_workspace.c.workspace_id == settled.c.workspace_id)
         .join(stream, stream.c.workspace_id == settled.c.workspace_id)
         .cte("numbered")
     )
