@@ -357,9 +357,11 @@ def _run(bench: Any, rig: Rig, loads: list[Load], background: Background | None 
                 options.update(mode="closed", requests=load.requests, concurrency=sizes.concurrency)
             else:
                 options.update(mode="open", rate=load.rate)
+                # At least a second of it, however soon the storm drains.
                 options.update(
                     duration=DRAIN_TIMEOUT if lasting else sizes.fairness_baseline_seconds,
                     stop_when_exists=str(stop),
+                    least_before_stop=load.rate,
                 )
             tag = taskhook.tag(f"fairness-{load.name}")
             futures[load.name] = pool.submit(bench.load, rig.url, tag=tag, **options)
@@ -459,7 +461,8 @@ def _measured(
         }
         if not 0 < sent["completed"] <= entry["settled"] == entry["rows"]:
             raise BenchError(
-                f"{load.name}: {sent['completed']} answered, {entry['rows']} stored, "
+                f"{load.name}: {sent['sent']} sent, {sent['completed']} answered "
+                f"(errors {sent['error_kinds']}), {entry['rows']} stored, "
                 f"{entry['settled']} settled: every delivery must become a settled task"
             )
         if load.storm:

@@ -13,7 +13,11 @@ Two modes, both with an aiohttp client over keep-alive connections:
 Requests are delivery indexes into :class:`bench.deliveries.DeliveryFactory`;
 ``order`` (optional) lists them, so a redelivery storm can post the same
 index several times. A run stops at ``requests`` or after ``duration``
-seconds, whichever comes first, and never runs past ``timeout``.
+seconds, whichever comes first, and never runs past ``timeout``. An open run
+also stops once the file ``stop_when_exists`` names appears, but not before it
+sent ``least_before_stop`` requests (default 1): a load told to last as long
+as another must not end before its first request because the other ended
+while this process was still starting.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class Run:
             for sources in spec.get("source_sets") or [spec["sources"]]
         ]
         self.stop_file = spec.get("stop_when_exists")
+        self.least_before_stop = spec.get("least_before_stop", 1)
         order = spec.get("order")
         self.order: list[int] = order if order is not None else []
         self.limit = len(self.order) if order is not None else spec.get("requests") or 10**12
@@ -125,7 +130,7 @@ class Run:
         sent = 0
         while True:
             due = start + sent / rate
-            if due >= deadline or (self.stop_file and os.path.exists(self.stop_file)):
+            if due >= deadline or self._told_to_stop(sent):
                 break
             delay = due - time.perf_counter()
             if delay > 0:
@@ -142,6 +147,11 @@ class Run:
             task.add_done_callback(in_flight.discard)
         if in_flight:
             await asyncio.wait(in_flight, timeout=max(1.0, deadline + 30 - time.perf_counter()))
+
+    def _told_to_stop(self, sent: int) -> bool:
+        if not self.stop_file or sent < self.least_before_stop:
+            return False
+        return os.path.exists(self.stop_file)
 
     async def run(self) -> dict[str, Any]:
         spec = self.spec
