@@ -46,7 +46,7 @@ import hashlib
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -163,8 +163,42 @@ class _Statement:
         return f"EXECUTE {self.name}({literals.as_string(connection)})"
 
 
-#: The statements each connection has prepared (``PREPARE``), by name.
-_prepared: weakref.WeakKeyDictionary[psycopg.Connection, set[str]] = weakref.WeakKeyDictionary()
+#: A connection's first groups before it plans its statements anew
+#: (:class:`_Prepared`); then twice as many each time.
+FIRST_REPLAN = 64
+
+
+@dataclass
+class _Prepared:
+    """The statements one connection has prepared (``PREPARE``), by name,
+    and when it prepares them again.
+
+    PostgreSQL keeps the generic plan it makes at a statement's sixth run,
+    and makes it from the tables' sizes then. On a fresh database the tasks
+    are a few dozen rows, every index looks as good as another, and the
+    plan may find a key's task by scanning all of its workspace's tasks
+    (docs/performance.md §27) -- for every group after, as they grow. A
+    server that analyzes its tables makes the plan anew at each analyze;
+    one that does not (autovacuum off) never would. So a connection drops
+    its statements at its 64th group, its 128th, and so on: a plan made
+    while the tables were small lasts until they have about doubled, at
+    the cost of a handful of plannings over a connection's life."""
+
+    names: set[str] = field(default_factory=set)
+    groups: int = 0
+    replan_at: int = FIRST_REPLAN
+
+    def stale(self) -> set[str]:
+        """Count a group; the names to drop before it runs, if it is time."""
+        self.groups += 1
+        if self.groups < self.replan_at:
+            return set()
+        self.replan_at *= 2
+        stale, self.names = self.names, set()
+        return stale
+
+
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection, _Prepared] = weakref.WeakKeyDictionary()
 
 
 def _run_together(
@@ -190,17 +224,19 @@ def _run_together(
         f"SELECT id FROM {Delivery.__tablename__} WHERE id IN ({keys})"
         " ORDER BY id FOR NO KEY UPDATE"
     )
-    prepared = _prepared.setdefault(connection, set())
+    prepared = _prepared.setdefault(connection, _Prepared())
     with psycopg.RawCursor(connection) as cursor:
-        if statement.name not in prepared:
+        for name in prepared.stale():
+            cursor.execute(f"DEALLOCATE {name}")
+        if statement.name not in prepared.names:
             cursor.execute(f"PREPARE {statement.name} AS {statement.text}")
-            prepared.add(statement.name)
+            prepared.names.add(statement.name)
         try:
             cursor.execute(f"{lock};\n{execution}")
         except errors.InvalidSqlStatementName:
             # The session forgot it (a DISCARD ALL): nothing ran; the next
             # group prepares it again.
-            prepared.clear()
+            prepared.names.clear()
             raise
         cursor.nextset()  # past the lock's result
         return cursor.fetchall()

@@ -367,49 +367,107 @@ def test_a_kept_draft_longer_than_the_store_keeps_is_created_from_the_body_inste
 
 
 @pytest.mark.parametrize(
-    "statement, values",
+    "statement, planned_at, values",
     [
+        # No keys: a group that runs and changes nothing; the generic plan
+        # is the same whatever the values. Planned at the sizes where this
+        # machine's PostgreSQL 15 made each plan wrong.
         (
             fastpath._claim_and_insert,
-            {"deliveries": [1, 2], "now": None, "lease_until": None, "max_lost": 3},
+            200,
+            {"deliveries": [], "now": None, "lease_until": None, "max_lost": 3},
         ),
         (
             fastpath._settle_and_finish,
+            0,
             {
-                "tasks": [1, 2],
-                "external_ids": ["a", "b"],
-                "providers": ["github"] * 2,
-                "urls": ["u"] * 2,
-                "remote_keys": ["1", "2"],
-                "deliveries": [1, 2],
-                "attempts": [1, 1],
+                "tasks": [],
+                "external_ids": [],
+                "providers": [],
+                "urls": [],
+                "remote_keys": [],
+                "deliveries": [],
+                "attempts": [],
                 "now": None,
             },
         ),
     ],
     ids=["claim_and_insert", "settle_and_finish"],
 )
-def test_a_plan_made_while_the_tasks_are_few_looks_each_task_up(
-    fast_path_store: Store, statement, values: dict[str, object]
+def test_a_plan_made_while_the_tasks_are_few_is_made_anew_as_they_grow(
+    fast_path_store: Store, statement, planned_at: int, values: dict[str, object]
 ):
     """A connection keeps the generic plan PostgreSQL makes of a group's
-    statement at its sixth run, on a fresh database while the tasks are
-    few. A plan that scanned the tasks then would scan them for every group
-    after, a group's cost growing with every task (docs/performance.md
-    §26): each is looked up by a key instead."""
+    statement, made from the tables' sizes at the time. On a fresh database
+    the tasks are few and any plan may look as cheap as another: made at 200
+    tasks, the claim looked a key's task up by scanning all of its
+    workspace's tasks, and made at none, the settlement by reading its whole
+    external-id index -- for every group after, as the tasks grew
+    (docs/performance.md §27). Once the tasks have grown and the connection
+    reached its next re-planning, each task is looked up by its key."""
+    feed = make_feed(fast_path_store.sessions)
     compiled = statement()
-    with fast_path(fast_path_store.engine) as fast, psycopg.RawCursor(fast.connection) as cursor:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
-        try:
-            cursor.execute(f"PREPARE empty_tables AS {compiled.text}")
-            literals = ", ".join(
-                psycopg.sql.Literal(value).as_string(fast.connection)
-                for value in compiled.params(**values)
-            )
-            plan = [row[0] for row in cursor.execute(f"EXPLAIN EXECUTE empty_tables({literals})")]
-        finally:
-            cursor.execute("DEALLOCATE ALL")
-            cursor.execute("RESET plan_cache_mode")
+    with fast_path(fast_path_store.engine) as fast:
+        connection = fast.connection
+        literals = ", ".join(
+            psycopg.sql.Literal(value).as_string(connection) for value in compiled.params(**values)
+        )
 
-    assert not [line for line in plan if "Seq Scan on tasks" in line], "\n".join(plan)
-    assert [line for line in plan if " Scan using " in line and " on tasks" in line]
+        def run_a_group() -> None:
+            fastpath._run_together(
+                connection, compiled, [10**9], f"EXECUTE {compiled.name}({literals})"
+            )
+
+        def plan() -> list[str]:
+            with psycopg.RawCursor(connection) as cursor:
+                explained = cursor.execute(f"EXPLAIN EXECUTE {compiled.name}({literals})")
+                return [row[0].strip() for row in explained]
+
+        connection.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            _add_tasks(connection, feed.workspace_id, up_to=planned_at)
+            run_a_group()  # prepared now, planned at this size
+            _add_tasks(connection, feed.workspace_id, up_to=3000)
+            for _ in range(fastpath.FIRST_REPLAN):
+                run_a_group()
+            lookups = _task_lookups(plan())
+        finally:
+            connection.execute("DEALLOCATE ALL")
+            connection.execute("RESET plan_cache_mode")
+            fastpath._prepared.pop(connection, None)
+
+    assert lookups, "the statement reads the tasks"
+    for scan, condition in lookups:
+        assert scan.startswith(("Index Scan", "Index Only Scan")), (scan, condition)
+        assert condition in {
+            "Index Cond: (id = given_2.tasks)",
+            "Index Cond: ((workspace_id = webhook_sources_1.workspace_id) AND"
+            " (external_id = deliveries_1.external_id))",
+        }, (scan, condition)
+
+
+def _add_tasks(connection: psycopg.Connection, workspace_id: int, *, up_to: int) -> None:
+    """Tasks in the workspace, as many as ``up_to`` in all, straight into the table."""
+    connection.execute(
+        """
+        INSERT INTO tasks (workspace_id, identifier, title, step_id, created_at, updated_at,
+                           external_id, stable_key)
+        SELECT %(workspace)s, 'GROWN-' || n, 'grown', step.id, now(), now(),
+               'gh-issue/owner/grown#' || n, 'github:grown:' || n
+        FROM generate_series(
+            (SELECT count(*) FROM tasks WHERE workspace_id = %(workspace)s) + 1, %(up_to)s
+        ) AS n,
+        LATERAL (SELECT id FROM workflow_steps WHERE workspace_id = %(workspace)s
+                 ORDER BY position LIMIT 1) AS step
+        """,
+        {"workspace": workspace_id, "up_to": up_to},
+    )
+
+
+def _task_lookups(plan: list[str]) -> list[tuple[str, str]]:
+    """Each read of the tasks in ``plan``, with the condition it reads by."""
+    return [
+        (line.removeprefix("->  "), following)
+        for line, following in zip(plan, [*plan[1:], ""], strict=True)
+        if " on tasks" in line and " Scan " in line
+    ]
