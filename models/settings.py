@@ -174,13 +174,14 @@ class Settings(BaseSettings):
         "for several deliveries; a lone delivery still goes alone, at once.",
     )
     background_keys_per_message: int = Field(
-        default=4,
+        default=16,
         gt=0,
         le=100,
         description="Most inbox keys in one message on the background lane (a flood, a "
-        "catch-up, a bulk replay). Fewer than a live message holds: a worker runs a "
-        "message's keys one after the other, and a live delivery that arrives meanwhile "
-        "waits for a thread to finish one (docs/performance.md, section 18).",
+        "catch-up, a bulk replay). Each message costs a worker about what a task costs "
+        "Celery, so more keys drain a flood faster; fewer make a live delivery that a "
+        "worker of both lanes took wait less for a thread (docs/performance.md, "
+        "sections 18 and 27).",
     )
     live_lane_rate: float = Field(
         default=50.0,
